@@ -1,0 +1,43 @@
+# agentrl: `make quickstart` (set up, run the main job) and `make test` (set up, lint, run the tests).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# torch comes FIRST and pinned: 2.13.0 is a CPU build on this machine's disk. A loose torch
+# requirement resolved by pip without it installed would download a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+EXTRAS := dev
+
+.PHONY: setup test lint quickstart bench lock clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: setup lint
+	$(BIN)/python -m pytest
+
+quickstart: setup
+	$(BIN)/agentrl quickstart
+
+bench: setup
+	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# Re-resolve the pinned versions in constraints.txt from a throw-away environment.
+lock:
+	rm -rf /tmp/agentrl-lock && $(PYTHON) -m venv /tmp/agentrl-lock
+	/tmp/agentrl-lock/bin/python -m pip install --quiet $(TORCH)
+	/tmp/agentrl-lock/bin/python -m pip install --quiet '.[$(EXTRAS)]'
+	( echo "# Pinned versions for CI and make setup; regenerate with: make lock"; \
+	  /tmp/agentrl-lock/bin/python -m pip freeze --all --exclude agentrl --exclude pip | sed 's/+cpu//' ) > constraints.txt
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Agent environments shipped with agentrl, importable as ``agentrl.envs.<name>``."""

@@ -1,0 +1,1 @@
+"""Sandbox backends shipped with agentrl, importable as ``agentrl.sandboxes.<name>``."""

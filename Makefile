@@ -22,8 +22,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The Docker tests need an engine: tests/with_docker.sh starts one (and builds the base image)
+# where it can, and stops what it started.
 test: setup lint
-	$(BIN)/python -m pytest
+	PYTHON=$(BIN)/python tests/with_docker.sh $(BIN)/python -m pytest
 
 quickstart: setup
 	$(BIN)/agentrl quickstart

@@ -24,6 +24,47 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sandbox_build(args: argparse.Namespace) -> int:
+    from agentrl.sandboxes.images import BASE_IMAGE, ImageBuildError, build_base_image
+
+    try:
+        build_base_image(args.tag or BASE_IMAGE, force=args.force)
+    except ImageBuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _sandbox_gc(args: argparse.Namespace) -> int:
+    from agentrl.sandbox import SandboxError
+    from agentrl.sandboxes.docker import gc
+
+    try:
+        removed = gc(everything=args.all, run=args.run)
+    except SandboxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for short_id, reason in removed:
+        print(f"removed {short_id} ({reason})")
+    print(f"{len(removed)} sandbox container(s) removed")
+    return 0
+
+
+def _sandbox_doctor(args: argparse.Namespace) -> int:
+    from agentrl.sandboxes.docker import doctor
+    from agentrl.sandboxes.local import bwrap_works
+
+    checks = doctor()
+    ok, detail = bwrap_works()
+    checks.append(("bubblewrap (local backend)", ok, detail if not ok else f"works ({detail})"))
+    checks.append(("local backend", True, "always available (isolation 'bwrap' when it works, else 'none')"))
+    for name, good, text in checks:
+        print(f"[{'ok' if good else '--'}] {name}: {text}")
+    docker_ok = all(good for name, good, _ in checks if name.startswith(("docker", "image")))
+    print(f"docker backend: {'usable' if docker_ok else 'not usable here'}; local backend: usable")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl", description="Reinforcement learning for tool-using coding agents."
@@ -35,6 +76,23 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--iterations", type=int, default=60, help="training iterations (default 60)")
     quick.add_argument("--seed", type=int, default=0)
     quick.set_defaults(func=_quickstart)
+
+    sandbox = commands.add_parser("sandbox", help="sandbox images, cleanup and checks")
+    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", metavar="ACTION", required=True)
+    build = sandbox_commands.add_parser(
+        "build", help="build the base image offline (debootstrap + docker import)"
+    )
+    build.add_argument("--tag", default=None, help="image tag (default agentrl/base:bookworm)")
+    build.add_argument("--force", action="store_true", help="rebuild even when present")
+    build.set_defaults(func=_sandbox_build)
+    gc = sandbox_commands.add_parser("gc", help="remove sandbox containers whose creating process is gone")
+    gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox container")
+    gc.add_argument("--run", default=None, help="remove every container of this run id")
+    gc.set_defaults(func=_sandbox_gc)
+    doc = sandbox_commands.add_parser(
+        "doctor", help="which sandbox backends work here, and how to fix those that do not"
+    )
+    doc.set_defaults(func=_sandbox_doctor)
     return parser
 
 

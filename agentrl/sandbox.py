@@ -1,0 +1,243 @@
+"""Sandboxes: where every tool call of an agent runs.
+
+``Sandbox`` is a protocol, not a base class: a backend is any class with these methods. Backends
+are registered by name (``docker``, ``local``) and built with ``make_sandbox(backend, **config)``,
+whose keyword arguments are checked against the backend's config class.
+
+    async with make_sandbox("docker", image="agentrl/base:bookworm") as sb:
+        result = await sb.exec("pytest -x", timeout=60)
+        patch = await sb.diff()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class ExecResult:
+    """What one command did."""
+
+    exit_code: int
+    """Exit status of the command; 124 when it timed out, -1 when the sandbox died under it."""
+    output: str
+    """stdout and stderr merged in the order they were written, possibly cut (see ``truncated``)."""
+    timed_out: bool = False
+    """The command ran past its timeout and its whole process tree was killed."""
+    truncated: bool = False
+    """The output was longer than the cap: head and tail kept, a marker says how much was cut."""
+    oom_killed: bool = False
+    """A process of the command was killed by the out-of-memory killer."""
+    sandbox_died: bool = False
+    """The sandbox itself is gone (its init was killed, the daemon restarted); ask for a fresh one."""
+    duration_s: float = 0.0
+    """Wall-clock seconds from submitting the command to having its result."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not (self.timed_out or self.sandbox_died)
+
+
+class SandboxError(RuntimeError):
+    """A sandbox could not be created, reached or used (not a failing command: that is an ExecResult)."""
+
+
+class SandboxDied(SandboxError):
+    """The sandbox is gone; operations on it cannot succeed. Create a fresh one."""
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """An isolated place to run an agent's commands, with a workspace directory (``workdir``)."""
+
+    workdir: str
+
+    async def __aenter__(self) -> Sandbox: ...
+    async def __aexit__(self, *exc: object) -> None: ...
+    async def start(self) -> None: ...
+    async def exec(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult: ...
+    async def read_file(self, path: str) -> bytes: ...
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+    async def upload(self, local_path: str, dest: str) -> None: ...
+    async def diff(self, base: str | None = None) -> str: ...
+    async def alive(self) -> bool: ...
+    async def close(self) -> None: ...
+
+
+def join_cut(head: bytes, tail: bytes, total: int) -> str:
+    """Head and tail of an output of ``total`` bytes, with a marker saying how much was cut between them."""
+    cut = total - len(head) - len(tail)
+    return (
+        head.decode("utf-8", errors="replace")
+        + f"\n[... {cut} bytes of output cut; {total} in all ...]\n"
+        + tail.decode("utf-8", errors="replace")
+    )
+
+
+def cut_output(data: bytes, cap: int) -> tuple[str, bool]:
+    """Decode ``data``; above ``cap`` bytes keep the head and the tail with a marker between them."""
+    if len(data) <= cap:
+        return data.decode("utf-8", errors="replace"), False
+    return join_cut(data[: cap // 2], data[len(data) - (cap - cap // 2) :], len(data)), True
+
+
+def check_command(cmd: object, timeout: object) -> None:
+    if not isinstance(cmd, str):
+        raise TypeError(
+            f"a sandbox command must be a str (a shell command line); got {type(cmd).__name__}: {cmd!r}"
+        )
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+
+
+# --- registry ---------------------------------------------------------------------------------
+
+_BACKENDS: dict[str, str] = {
+    "docker": "agentrl.sandboxes.docker:DockerSandbox",
+    "local": "agentrl.sandboxes.local:LocalSandbox",
+}
+
+
+def register_backend(name: str, entry_point: str) -> None:
+    """Register a sandbox backend class (``"module:Class"``) under ``name``.
+
+    The class takes one argument, an instance of its ``Config`` class attribute (a dataclass
+    with a docstring per field), and satisfies the ``Sandbox`` protocol.
+    """
+    _BACKENDS[name] = entry_point
+
+
+def backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def load_backend(name: str) -> type:
+    if name not in _BACKENDS:
+        close = difflib.get_close_matches(name, _BACKENDS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown sandbox backend {name!r}; known backends: {', '.join(backend_names())}.{hint}"
+        )
+    module, _, attr = _BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_config(config_cls: type, values: dict[str, Any], what: str) -> Any:
+    """Instantiate a config dataclass, rejecting unknown keys with the closest valid one."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    for key in values:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"{what} has no setting {key!r}.{hint} Valid settings: {', '.join(sorted(fields))}."
+            )
+    return config_cls(**values)
+
+
+def make_sandbox(backend: str = "docker", **config: Any) -> Sandbox:
+    """A not-yet-started sandbox of the named backend; use it as ``async with``."""
+    cls = load_backend(backend)
+    return cls(build_config(cls.Config, config, f"sandbox backend {backend!r}"))
+
+
+class SandboxPool:
+    """Pre-started sandboxes, handed out at once and reset between uses.
+
+    ``acquire()`` returns a ready sandbox (or starts one cold when none is ready); ``release(sb)``
+    resets it in the background (kill the user's processes, empty ``/tmp`` and the home
+    directory, restore the workspace to its start commit) and puts it back, or closes it and
+    starts a replacement when it died or the reset cannot vouch for it. The backend must have
+    ``reset() -> bool``.
+
+        async with SandboxPool("docker", size=8, image=...) as pool:
+            async with pool.sandbox() as sb:
+                await sb.exec("pytest -x")
+    """
+
+    def __init__(self, backend: str = "docker", size: int = 4, **config: Any):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"pool size must be a positive integer; got {size!r}")
+        self.backend, self.size, self.config = backend, size, config
+        load_backend(backend)  # an unknown backend fails here, not in a background task
+        self._ready: asyncio.Queue[Sandbox] = asyncio.Queue()
+        self._all: set[Sandbox] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self.stats = {"reused": 0, "replaced": 0, "cold": 0}
+
+    async def __aenter__(self) -> SandboxPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _new(self) -> Sandbox:
+        sb = make_sandbox(self.backend, **self.config)
+        self._all.add(sb)
+        try:
+            await sb.start()
+        except BaseException:
+            self._all.discard(sb)
+            await sb.close()
+            raise
+        return sb
+
+    async def start(self) -> None:
+        """Start ``size`` sandboxes concurrently."""
+        for sb in await asyncio.gather(*(self._new() for _ in range(self.size))):
+            self._ready.put_nowait(sb)
+
+    async def acquire(self) -> Sandbox:
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
+        try:
+            return self._ready.get_nowait()
+        except asyncio.QueueEmpty:
+            self.stats["cold"] += 1
+            return await self._new()
+
+    def release(self, sb: Sandbox) -> None:
+        """Give a sandbox back; it is reset (or replaced) in the background."""
+        task = asyncio.ensure_future(self._recycle(sb))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _recycle(self, sb: Sandbox) -> None:
+        if not self._closed and await sb.reset():
+            self.stats["reused"] += 1
+            self._ready.put_nowait(sb)
+            return
+        self._all.discard(sb)
+        await sb.close()
+        if not self._closed and self._ready.qsize() < self.size:
+            self.stats["replaced"] += 1
+            self._ready.put_nowait(await self._new())
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self):
+        sb = await self.acquire()
+        try:
+            yield sb
+        finally:
+            self.release(sb)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(sb.close() for sb in list(self._all)), return_exceptions=True)
+        self._all.clear()

@@ -1,0 +1,143 @@
+"""Sandbox overheads on a real Docker engine, each as a ratio against a baseline measured in this run.
+
+    .venv/bin/python benchmarks/sandbox.py          # needs a running dockerd and `agentrl sandbox build`
+
+1. ``Sandbox.exec("true")`` (timeout, process-tree kill, OOM report, output cap) against the raw
+   SDK ``container.exec_run("true")`` on the same container. Goal: at most 1.3x.
+2. Warm-pool ``acquire()`` (a pre-started sandbox, reset after its last use) against a cold
+   sandbox start (create + start + workspace setup). Goal: at least 5x faster.
+3. 32 sandboxes running 20 commands each, all at once: throughput and p50/p99 latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from agentrl.sandbox import SandboxPool, make_sandbox
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+async def exec_overhead(rounds: int = 60) -> tuple[float, float]:
+    async with make_sandbox("docker") as sb:
+        container = sb._client.containers.get(sb.container_id)
+        ours, raw = [], []
+        for _ in range(5):  # warm up both paths
+            await sb.exec("true")
+            container.exec_run("true", user="agent")
+        for _ in range(rounds):  # interleaved, so drift hits both alike
+            t = time.perf_counter()
+            await sb.exec("true")
+            ours.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            container.exec_run("true", user="agent")
+            raw.append(time.perf_counter() - t)
+    return statistics.median(ours), statistics.median(raw)
+
+
+async def pool_vs_cold(rounds: int = 10) -> tuple[float, float]:
+    cold = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        sb = make_sandbox("docker")
+        await sb.start()
+        cold.append(time.perf_counter() - t)
+        await sb.close()
+    warm = []
+    async with SandboxPool("docker", size=2) as pool:
+        for _ in range(rounds):
+            t = time.perf_counter()
+            sb = await pool.acquire()
+            warm.append(time.perf_counter() - t)
+            await sb.exec("echo used > used.txt")
+            pool.release(sb)
+            while pool._tasks:  # the reset happens after release, off the acquire path
+                await asyncio.sleep(0.01)
+        assert pool.stats["cold"] == 0
+    return statistics.median(cold), statistics.median(warm)
+
+
+async def concurrency(n_sandboxes: int = 32, n_commands: int = 20) -> dict[str, float]:
+    latencies: list[float] = []
+
+    async def worker(sb):
+        for i in range(n_commands):
+            t = time.perf_counter()
+            r = await sb.exec(f"echo {i} && ls / > /dev/null", timeout=60)
+            latencies.append(time.perf_counter() - t)
+            assert r.exit_code == 0, r
+
+    sandboxes = [make_sandbox("docker", memory="256m") for _ in range(n_sandboxes)]
+    t = time.perf_counter()
+    await asyncio.gather(*(sb.start() for sb in sandboxes))
+    started = time.perf_counter() - t
+    try:
+        t = time.perf_counter()
+        await asyncio.gather(*(worker(sb) for sb in sandboxes))
+        wall = time.perf_counter() - t
+        # Baseline: the same load through the raw SDK's exec_run, on 32 threads.
+        raw_latencies: list[float] = []
+
+        def raw_worker(sb):
+            container = sb._client.containers.get(sb.container_id)
+            for i in range(n_commands):
+                t0 = time.perf_counter()
+                container.exec_run(["bash", "-c", f"echo {i} && ls / > /dev/null"], user="agent")
+                raw_latencies.append(time.perf_counter() - t0)
+
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(n_sandboxes) as pool:
+            t = time.perf_counter()
+            await asyncio.gather(*(loop.run_in_executor(pool, raw_worker, sb) for sb in sandboxes))
+            raw_wall = time.perf_counter() - t
+    finally:
+        await asyncio.gather(*(sb.close() for sb in sandboxes))
+    return {
+        "start_all_s": started,
+        "wall_s": wall,
+        "throughput": len(latencies) / wall,
+        "p50": pct(latencies, 50),
+        "p99": pct(latencies, 99),
+        "raw_throughput": len(raw_latencies) / raw_wall,
+        "raw_p50": pct(raw_latencies, 50),
+        "raw_p99": pct(raw_latencies, 99),
+    }
+
+
+async def main() -> int:
+    ok = True
+    ours, raw = await exec_overhead()
+    ratio = ours / raw
+    ok &= ratio <= 1.3
+    print(
+        f"[exec] Sandbox.exec('true') {ours * 1e3:.1f} ms vs raw exec_run('true') {raw * 1e3:.1f} ms (medians of 60)"
+        f" -> {ratio:.2f}x (goal <= 1.3x: {'met' if ratio <= 1.3 else 'MISSED'})"
+    )
+    cold, warm = await pool_vs_cold()
+    speedup = cold / warm
+    ok &= speedup >= 5
+    print(
+        f"[pool] cold start {cold * 1e3:.0f} ms vs warm acquire {warm * 1e3:.2f} ms (medians of 10)"
+        f" -> {speedup:.0f}x faster (goal >= 5x: {'met' if speedup >= 5 else 'MISSED'})"
+    )
+    c = await concurrency()
+    print(
+        f"[concurrency] 32 sandboxes x 20 commands: started in {c['start_all_s']:.1f} s; "
+        f"{c['throughput']:.0f} commands/s over {c['wall_s']:.1f} s; latency p50 {c['p50'] * 1e3:.0f} ms, "
+        f"p99 {c['p99'] * 1e3:.0f} ms\n              raw exec_run baseline, same load: {c['raw_throughput']:.0f} commands/s, "
+        f"p50 {c['raw_p50'] * 1e3:.0f} ms, p99 {c['raw_p99'] * 1e3:.0f} ms -> throughput ratio "
+        f"{c['throughput'] / c['raw_throughput']:.2f}"
+    )
+    print("all goals met" if ok else "some goals MISSED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

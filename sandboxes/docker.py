@@ -1,0 +1,759 @@
+"""Docker sandbox backend: one container per episode, from a local image.
+
+Isolation by default: no network (``network_mode="none"``: only ``lo``), a non-root user
+(``agent``, uid 1000), memory limit with swap equal to it, a pids limit, a CPU quota,
+``init=True`` (so PID 1 reaps and forwards signals), ``no-new-privileges``, no host mounts, the
+workspace at ``/testbed``. The container's keep-alive process runs as root, so an agent that runs
+``kill -9 -1`` kills only its own processes; where it does kill the keep-alive (``user="root"``),
+the OOM killer takes it, or the daemon restarts, the next call reports ``sandbox_died``.
+
+Every command goes through a small runner script (``_exec.sh``) that enforces its timeout
+inside the container, kills the command's whole process tree when it expires, detaches
+background processes from the caller's output stream and reports OOM kills. The Docker SDK's
+``exec_run`` has none of this, and a client-side socket timeout does not apply to exec streams.
+
+Disk: a per-file size limit (``max_file_size``, RLIMIT_FSIZE) always holds. A limit on the total
+size of the container's writable layer (``disk``, Docker's ``storage_opt size``) needs a storage
+driver that supports it (overlay2 on xfs with project quotas, btrfs, zfs, devicemapper); on other
+drivers (overlay2 on ext4, the common case) it cannot be enforced: a warning says so once and
+``agentrl sandbox doctor`` reports it. ``/tmp`` and ``/run/agentrl`` are size-limited tmpfs.
+
+Cleanup: containers are removed on ``close()`` (normal exit, exception, asyncio cancellation), at
+interpreter exit, and on SIGINT/SIGTERM of the creating process. Each carries labels
+``agentrl.sandbox=1``, ``agentrl.run``, ``agentrl.pid`` (and the host and process start time), so
+``agentrl sandbox gc`` can remove those whose creating process is gone (``kill -9``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import io
+import logging
+import os
+import shutil
+import signal
+import socket
+import tarfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from agentrl.sandbox import ExecResult, SandboxDied, SandboxError, check_command, cut_output, join_cut
+
+log = logging.getLogger(__name__)
+
+RUNNER = (Path(__file__).parent / "_exec.sh").read_text()
+OUTPUT_DIR = "/run/agentrl"
+RUNNER_PATH = "/.agentrl-runner"  # not under a tmpfs: the archive API cannot write into one
+LABEL = "agentrl.sandbox"
+_UNITS = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(value: str | int, what: str) -> int:
+    """``"512m"`` / ``"2g"`` / bytes -> bytes; anything else is an error naming the setting."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().removesuffix("b") or "x"
+        unit = _UNITS.get(text[-1], 1)
+        number = text[:-1] if text[-1] in _UNITS else text
+        try:
+            size = int(float(number) * unit)
+        except ValueError:
+            size = 0
+        if size > 0:
+            return size
+    raise ValueError(f"{what} must be a positive size like '512m' or '2g' (or bytes); got {value!r}")
+
+
+def run_id() -> str:
+    """The run id of this process: ``AGENTRL_RUN_ID`` if set, else one made at first use."""
+    if not os.environ.get("AGENTRL_RUN_ID"):
+        os.environ["AGENTRL_RUN_ID"] = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    return os.environ["AGENTRL_RUN_ID"]
+
+
+def process_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (tells a live process from a reused pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+@dataclass
+class DockerConfig:
+    image: str = BASE_IMAGE
+    """Local image to run (``agentrl sandbox build`` makes the base one; nothing is pulled)."""
+    user: str = "agent"
+    """User that commands run as. Non-root by default; ``root`` lets the agent kill the sandbox."""
+    workdir: str = "/testbed"
+    """The workspace: default cwd of commands, root of relative paths and of ``diff``."""
+    memory: str = "2g"
+    """Memory limit (swap limit set equal, so no swap). A command over it is OOM-killed."""
+    pids: int = 512
+    """Maximum number of processes and threads in the container (stops fork bombs)."""
+    cpus: float = 1.0
+    """CPU quota in cores."""
+    network: bool = False
+    """Give the container a network. Off: only ``lo`` exists."""
+    disk: str | None = "10g"
+    """Limit on the writable layer, where the storage driver supports it (see the module doc)."""
+    max_file_size: str = "1g"
+    """Largest file a command may write (RLIMIT_FSIZE); enforced on every storage driver."""
+    tmp_size: str = "512m"
+    """Size of the tmpfs mounted at ``/tmp`` (counts against ``memory``)."""
+    timeout: float = 300.0
+    """Default timeout of a command in seconds."""
+    output_cap: int = 100_000
+    """Bytes of command output kept; above it the head and tail are kept with a marker."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for every command."""
+    run: str | None = None
+    """Run id label (default: ``AGENTRL_RUN_ID`` or one made per process)."""
+    docker_host: str | None = None
+    """Docker daemon URL (default: ``DOCKER_HOST`` or the local socket)."""
+    max_parallel_calls: int = 32
+    """Blocking Docker SDK calls running at once (they run on a thread pool off the event loop)."""
+    grace: float = 10.0
+    """Seconds past a command's timeout before the caller gives up on the runner and kills the sandbox."""
+
+    def __post_init__(self):
+        if not isinstance(self.image, str) or not self.image:
+            raise ValueError(f"image must be a non-empty image name; got {self.image!r}")
+        self.memory_bytes = parse_size(self.memory, "memory")
+        self.tmp_bytes = parse_size(self.tmp_size, "tmp_size")
+        self.max_file_bytes = parse_size(self.max_file_size, "max_file_size")
+        if self.disk is not None:
+            parse_size(self.disk, "disk")
+        for name in ("pids", "output_cap", "max_parallel_calls"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        for name in ("cpus", "timeout", "grace"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"{name} must be a positive number; got {value!r}")
+        if not PurePosixPath(self.workdir).is_absolute():
+            raise ValueError(f"workdir must be an absolute path inside the container; got {self.workdir!r}")
+
+
+# --- process-wide plumbing: one client, one thread pool, the live containers ----------------------
+
+_lock = threading.Lock()
+_clients: dict[str | None, Any] = {}
+_executor: ThreadPoolExecutor | None = None
+_live: dict[str, Any] = {}  # container id -> client, for cleanup at exit and on signals
+_handlers_installed = False
+_warned: set[str] = set()
+
+
+def client_for(base_url: str | None, pool_size: int = 64):
+    import docker
+
+    with _lock:
+        if base_url not in _clients:
+            try:
+                if base_url:
+                    _clients[base_url] = docker.DockerClient(
+                        base_url=base_url, max_pool_size=pool_size, timeout=120
+                    )
+                else:
+                    _clients[base_url] = docker.from_env(max_pool_size=pool_size, timeout=120)
+                _clients[base_url].ping()
+            except Exception as e:
+                _clients.pop(base_url, None)
+                raise SandboxError(
+                    f"cannot reach the Docker daemon ({base_url or os.environ.get('DOCKER_HOST') or 'local socket'}): {e}. "
+                    "Start it (`sudo dockerd &` or `systemctl start docker`), or use the local backend; "
+                    "`agentrl sandbox doctor` checks this machine."
+                ) from e
+        return _clients[base_url]
+
+
+def executor(max_workers: int) -> ThreadPoolExecutor:
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentrl-docker")
+        return _executor
+
+
+def _remove_live_containers() -> None:
+    with _lock:
+        items = list(_live.items())
+        _live.clear()
+    for cid, client in items:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(cid, force=True, v=True)
+
+
+def _on_signal(signum, frame, previous):
+    _remove_live_containers()
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_cleanup_handlers() -> None:
+    global _handlers_installed
+    with _lock:
+        if _handlers_installed:
+            return
+        _handlers_installed = True
+    atexit.register(_remove_live_containers)
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN:
+                continue
+            signal.signal(signum, lambda s, f, p=previous: _on_signal(s, f, p))
+
+
+def _transient(e: BaseException) -> bool:
+    """Daemon hiccups worth retrying: a dropped connection or a 5xx answer. Never a 4xx."""
+    import docker
+    import requests
+
+    if isinstance(e, requests.exceptions.ConnectionError | requests.exceptions.ChunkedEncodingError):
+        return True
+    return isinstance(e, docker.errors.APIError) and e.status_code is not None and e.status_code >= 500
+
+
+_retry = retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(4),
+    wait=wait_exponential(multiplier=0.2, max=2.0),
+    reraise=True,
+)
+
+
+def storage_supports_size(client) -> bool:
+    """Whether ``storage_opt={"size": ...}`` is enforced by this daemon's storage driver."""
+    info = client.info()
+    driver = info.get("Driver", "")
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+    if driver in ("btrfs", "zfs", "devicemapper", "windowsfilter"):
+        return True
+    return driver in ("overlay2", "overlay") and backing == "xfs"  # and mounted with pquota: tried at create
+
+
+def _runner_tar() -> bytes:
+    data = RUNNER.encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(RUNNER_PATH.rsplit("/", 1)[1])
+        info.size, info.mode, info.uid, info.gid = len(data), 0o444, 0, 0
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class DockerSandbox:
+    """One container; use as ``async with DockerSandbox(DockerConfig(...)) as sb``."""
+
+    Config = DockerConfig
+
+    def __init__(self, config: DockerConfig | None = None):
+        self.config = config or DockerConfig()
+        self.workdir = self.config.workdir
+        self.container_id: str | None = None
+        self.base_commit: str | None = None
+        self._client = None
+        self._dead = False
+        self._closed = False
+        self.disk_limit_enforced = False
+
+    # -- plumbing --
+    async def _call(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            executor(self.config.max_parallel_calls), lambda: fn(*args, **kwargs)
+        )
+
+    def _labels(self) -> dict[str, str]:
+        pid = os.getpid()
+        return {
+            LABEL: "1",
+            "agentrl.run": self.config.run or run_id(),
+            "agentrl.pid": str(pid),
+            "agentrl.pid_start": process_start_time(pid) or "",
+            "agentrl.host": socket.gethostname(),
+        }
+
+    # -- lifecycle --
+    async def __aenter__(self) -> DockerSandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self.container_id is not None:
+            return
+        _install_cleanup_handlers()
+        self._client = await self._call(client_for, self.config.docker_host)
+        await self._call(self._create_and_start)
+        setup = await self.exec(
+            "git rev-parse -q --verify HEAD >/dev/null 2>&1 || "
+            "{ git init -q && git add -A && git commit -q --allow-empty -m 'agentrl: workspace at start'; } "
+            "&& git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum",
+            timeout=120,
+        )
+        if setup.exit_code != 0:
+            await self.close()
+            raise SandboxError(
+                f"could not set up the workspace {self.workdir} in image {self.config.image} as user "
+                f"{self.config.user} (exit {setup.exit_code}): {setup.output.strip()[-500:]}. The workspace must "
+                f"exist and be writable by that user (in a Dockerfile: COPY --chown={self.config.user} ...)."
+            )
+        self.base_commit, self._git_fingerprint = setup.output.split()[:2]
+
+    def _create_and_start(self) -> None:
+        import docker
+
+        client, cfg = self._client, self.config
+        try:
+            client.images.get(cfg.image)
+        except docker.errors.ImageNotFound:
+            hint = (
+                "run `agentrl sandbox build`"
+                if cfg.image == BASE_IMAGE
+                else "build it first (nothing is pulled)"
+            )
+            raise SandboxError(f"image {cfg.image!r} does not exist on this Docker daemon; {hint}.") from None
+        name = f"agentrl-{uuid.uuid4().hex[:12]}"
+        kwargs: dict[str, Any] = dict(
+            image=cfg.image,
+            command=["sleep", "infinity"],
+            name=name,
+            detach=True,
+            init=True,
+            user="root",  # the keep-alive; commands run as cfg.user
+            working_dir=cfg.workdir,
+            hostname="sandbox",
+            network_mode="bridge" if cfg.network else "none",
+            mem_limit=cfg.memory_bytes,
+            memswap_limit=cfg.memory_bytes,
+            pids_limit=cfg.pids,
+            nano_cpus=int(cfg.cpus * 1e9),
+            security_opt=["no-new-privileges"],
+            ulimits=[docker.types.Ulimit(name="fsize", soft=cfg.max_file_bytes, hard=cfg.max_file_bytes)],
+            tmpfs={"/tmp": f"size={cfg.tmp_bytes},mode=1777", OUTPUT_DIR: "size=256m,mode=1777"},
+            labels=self._labels(),
+            environment={"HOME": "/home/agent" if cfg.user == "agent" else "/root", **cfg.env},
+        )
+        if cfg.disk is not None and storage_supports_size(client):
+            kwargs["storage_opt"] = {"size": cfg.disk}
+            self.disk_limit_enforced = True
+        elif cfg.disk is not None and "disk" not in _warned:
+            _warned.add("disk")
+            log.warning(
+                "the Docker storage driver here cannot limit a container's disk use (disk=%s is not "
+                "enforced); files are capped at max_file_size=%s each, /tmp at %s.",
+                cfg.disk,
+                cfg.max_file_size,
+                cfg.tmp_size,
+            )
+        container = self._create(kwargs)
+        self.container_id = container.id
+        with _lock:
+            _live[container.id] = client
+        try:
+            _retry(container.start)()
+            # The runner lives in the container, root-owned and read-only, so the agent cannot edit it.
+            _retry(client.api.put_archive)(container.id, "/", _runner_tar())
+        except Exception as e:
+            self._remove_sync()
+            raise SandboxError(f"container for image {cfg.image!r} failed to start: {e}") from e
+
+    def _create(self, kwargs: dict[str, Any]):
+        import docker
+
+        client = self._client
+
+        @_retry
+        def create():
+            try:
+                return client.containers.create(**kwargs)
+            except docker.errors.APIError as e:
+                if e.status_code == 409:  # an earlier attempt did create it before the connection dropped
+                    return client.containers.get(kwargs["name"])
+                if e.status_code == 400 or "invalid" in str(e).lower():
+                    raise SandboxError(f"Docker refused the sandbox settings: {e.explanation or e}") from e
+                raise
+
+        try:
+            return create()
+        except docker.errors.APIError as e:
+            if "storage_opt" in kwargs and "storage" in str(e).lower():
+                # Supported driver, but not on this filesystem (e.g. xfs without pquota).
+                kwargs.pop("storage_opt")
+                self.disk_limit_enforced = False
+                return create()
+            raise
+
+    def _remove_sync(self) -> None:
+        cid = self.container_id
+        if cid is None:
+            return
+        with _lock:
+            _live.pop(cid, None)
+        try:
+            _retry(self._client.api.remove_container)(cid, force=True, v=True)
+        except Exception as e:
+            if getattr(e, "status_code", None) != 404:
+                log.warning(
+                    "could not remove sandbox container %s: %s (agentrl sandbox gc will)", cid[:12], e
+                )
+
+    async def close(self) -> None:
+        """Remove the container. Idempotent; completes even when the calling task is cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.container_id is None:
+            return
+        task = asyncio.ensure_future(self._call(self._remove_sync))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await task
+            raise
+
+    async def alive(self) -> bool:
+        if self._dead or self.container_id is None or self._closed:
+            return False
+        try:
+            state = await self._call(_retry(self._client.api.inspect_container), self.container_id)
+        except Exception:
+            self._dead = True
+            return False
+        if not state["State"]["Running"]:
+            self._dead = True
+        return not self._dead
+
+    async def oom_killed_container(self) -> bool:
+        state = await self._call(self._client.api.inspect_container, self.container_id)
+        return bool(state["State"].get("OOMKilled"))
+
+    # -- commands --
+    def _require_running(self) -> None:
+        if self.container_id is None or self._closed:
+            raise SandboxError(
+                "the sandbox is not started (use `async with make_sandbox(...) as sb`) or already closed"
+            )
+        if self._dead:
+            raise SandboxDied(f"sandbox {self.container_id[:12]} is dead; create a fresh one")
+
+    async def exec(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        user: str | None = None,
+        output_cap: int | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` with bash in the workspace (or ``cwd``); never raises for a failing command."""
+        check_command(cmd, timeout)
+        if self._dead and not self._closed:
+            return ExecResult(-1, "", sandbox_died=True)
+        self._require_running()
+        timeout = float(timeout or self.config.timeout)
+        cap = output_cap or self.config.output_cap
+        nonce = uuid.uuid4().hex
+        argv = ["bash", RUNNER_PATH, f"{timeout:.3f}", str(cap), nonce, OUTPUT_DIR, cmd]
+        workdir = str(PurePosixPath(self.workdir) / cwd) if cwd else self.workdir
+        start = time.perf_counter()
+        api = self._client.api
+        try:
+            exec_id = await self._call(
+                _retry(api.exec_create),
+                self.container_id,
+                argv,
+                user=user or self.config.user,
+                workdir=workdir,
+                environment=env or None,
+            )
+        except Exception as e:
+            return await self._failed_to_start(e, start)
+        future = asyncio.ensure_future(self._call(api.exec_start, exec_id["Id"]))
+        try:
+            raw = await asyncio.wait_for(asyncio.shield(future), timeout + self.config.grace)
+        except TimeoutError:
+            # The runner did not come back: the sandbox is wedged (frozen, out of pids, daemon hung).
+            await self._call(self._kill_wedged)
+            return ExecResult(
+                -1, "", timed_out=True, sandbox_died=True, duration_s=time.perf_counter() - start
+            )
+        except asyncio.CancelledError:
+            await asyncio.shield(self._call(self._kill_marked, nonce))
+            raise
+        except Exception as e:
+            return await self._failed_to_start(e, start)
+        return await self._parse(raw, nonce, cap, exec_id["Id"], start)
+
+    async def _failed_to_start(self, error: Exception, start: float) -> ExecResult:
+        """The daemon could not run the command: a dead sandbox, or one out of processes (fork bomb)."""
+        alive = await self.alive()
+        message = "" if not alive else f"agentrl: the sandbox could not start the command: {error}"
+        return ExecResult(
+            -1 if not alive else 126, message, sandbox_died=not alive, duration_s=time.perf_counter() - start
+        )
+
+    async def _parse(self, raw: bytes, nonce: str, cap: int, exec_id: str, start: float) -> ExecResult:
+        marker = b"\n" + nonce.encode() + b" "
+        at = raw.rfind(marker)
+        if at < 0:
+            # The runner itself was killed (the agent ran `kill -9 -1`, or the container died).
+            # Docker marks a container exited a moment after its init does: give it that moment.
+            await asyncio.sleep(0.25)
+            alive = await self.alive()
+            code = -1
+            if alive:
+                info = await self._call(self._client.api.exec_inspect, exec_id)
+                code = info.get("ExitCode") if info.get("ExitCode") is not None else -1
+            text, truncated = cut_output(raw, cap)
+            return ExecResult(
+                code,
+                text,
+                truncated=truncated,
+                sandbox_died=not alive,
+                duration_s=time.perf_counter() - start,
+            )
+        rc, timed_out, oom, size = (int(x) for x in raw[at + len(marker) :].split()[:4])
+        body = raw[:at]
+        truncated = size > cap
+        if truncated:  # the runner sent only the head and the tail
+            text = join_cut(body[: cap // 2], body[cap // 2 :], size)
+        else:
+            text = body.decode("utf-8", errors="replace")
+        died = False
+        if oom:
+            died = not await self.alive()  # the OOM killer may have taken the keep-alive too
+        return ExecResult(
+            exit_code=-1 if died else rc,
+            output=text,
+            timed_out=bool(timed_out),
+            truncated=truncated,
+            oom_killed=bool(oom),
+            sandbox_died=died,
+            duration_s=time.perf_counter() - start,
+        )
+
+    def _control(self, script: str, *args: str, user: str = "root") -> tuple[int, str]:
+        """Run a control script directly (not through the runner); blocking. Returns (exit code, output)."""
+        api = self._client.api
+        exec_id = _retry(api.exec_create)(
+            self.container_id, ["bash", "-c", script, "agentrl", *args], user=user
+        )["Id"]
+        output = api.exec_start(exec_id).decode("utf-8", errors="replace")
+        return api.exec_inspect(exec_id)["ExitCode"], output
+
+    def _kill_marked(self, nonce: str) -> None:
+        """Kill a cancelled command's processes and its runner (best effort).
+
+        Runs as the sandbox user: reading another user's ``/proc/PID/environ`` needs
+        CAP_SYS_PTRACE, which containers do not have.
+        """
+        script = (
+            "for p in /proc/[0-9]*; do "
+            'if tr "\\0" "\\n" < $p/environ 2>/dev/null | grep -qx "AGENTRL_EXEC=$1" '
+            '|| tr "\\0" " " < $p/cmdline 2>/dev/null | grep -q "^bash $2 .* $1 "; '
+            "then kill -9 ${p#/proc/}; fi; done"
+        )
+        with contextlib.suppress(Exception):
+            self._control(script, nonce, RUNNER_PATH, user=self.config.user)
+
+    def _kill_wedged(self) -> None:
+        self._dead = True
+        with contextlib.suppress(Exception):
+            self._client.api.kill(self.container_id)
+
+    # -- files --
+    def _path(self, path: str) -> PurePosixPath:
+        p = PurePosixPath(path)
+        return p if p.is_absolute() else PurePosixPath(self.workdir) / p
+
+    async def read_file(self, path: str) -> bytes:
+        self._require_running()
+        target = self._path(path)
+
+        def read() -> bytes:
+            import docker
+
+            try:
+                stream, _ = self._client.api.get_archive(self.container_id, str(target))
+            except docker.errors.NotFound:
+                raise FileNotFoundError(f"{target} does not exist in the sandbox") from None
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                if member is None or not member.isfile():
+                    raise IsADirectoryError(f"{target} is not a regular file in the sandbox")
+                return tar.extractfile(member).read()
+
+        return await self._call(read)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        self._require_running()
+        target = self._path(path)
+        payload = data.encode() if isinstance(data, str) else data
+        await self._ensure_dir(target.parent)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(target.name)
+            info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
+            info.uid = info.gid = AGENT_UID if self.config.user == "agent" else 0
+            tar.addfile(info, io.BytesIO(payload))
+        await self._call(
+            _retry(self._client.api.put_archive), self.container_id, str(target.parent), buf.getvalue()
+        )
+
+    async def _ensure_dir(self, directory: PurePosixPath) -> None:
+        result = await self.exec(f"mkdir -p -- '{directory}'", timeout=30)
+        if result.exit_code != 0:
+            raise PermissionError(f"cannot create {directory} in the sandbox: {result.output.strip()}")
+
+    async def upload(self, local_path: str, dest: str) -> None:
+        """Copy a local file or directory to ``dest`` (its new path) in the sandbox, owned by the user."""
+        self._require_running()
+        source = Path(local_path)
+        if not source.exists():
+            raise FileNotFoundError(f"upload source {source} does not exist")
+        target = self._path(dest)
+        await self._ensure_dir(target.parent)
+        uid = AGENT_UID if self.config.user == "agent" else 0
+
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = uid
+            info.uname = info.gname = ""
+            return info
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(source), arcname=target.name, filter=owned)
+        await self._call(
+            _retry(self._client.api.put_archive), self.container_id, str(target.parent), buf.getvalue()
+        )
+
+    async def diff(self, base: str | None = None) -> str:
+        """``git diff`` of the workspace against ``base`` (default: the workspace at start), untracked files included."""
+        base = base or self.base_commit
+        result = await self.exec(
+            'idx=$(mktemp) && cp .git/index "$idx" 2>/dev/null; export GIT_INDEX_FILE="$idx"; '
+            f"git add -A && git diff --cached --binary --no-ext-diff --no-textconv {base}; rc=$?; "
+            'rm -f "$idx"; exit $rc',
+            timeout=120,
+            output_cap=256 * 2**20,
+        )
+        if result.exit_code != 0:
+            raise SandboxError(f"git diff in {self.workdir} failed: {result.output.strip()[-500:]}")
+        return result.output
+
+    async def reset(self) -> bool:
+        """Bring a used sandbox back to its state at start; False when it cannot be trusted to be.
+
+        Kills every process of the user, empties ``/tmp`` and the home directory, and restores the
+        workspace to the start commit (tracked and untracked files); then checks that HEAD, a clean
+        status and the git config and hooks are as they were at start.
+        """
+        if not await self.alive():
+            return False
+        script = (
+            'for p in /proc/[0-9]*; do [ "${p#/proc/}" != $$ ] && kill -9 "${p#/proc/}" 2>/dev/null; done; '
+            'rm -rf /tmp/* /tmp/.[!.]* "$HOME"/* "$HOME"/.[!.]* 2>/dev/null; '
+            'cd "$1" && git reset -q --hard "$2" && git clean -qffdx && [ -z "$(git status --porcelain)" ] && '
+            "git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum"
+        )
+        try:
+            code, output = await self._call(
+                self._control, script, self.workdir, self.base_commit, user=self.config.user
+            )
+        except Exception:
+            return False
+        return code == 0 and output.split()[:2] == [self.base_commit, self._git_fingerprint]
+
+
+def gc(
+    *, everything: bool = False, run: str | None = None, docker_host: str | None = None
+) -> list[tuple[str, str]]:
+    """Remove agentrl sandbox containers whose creating process is gone.
+
+    A container is removed when it was made on this host and its creating process (pid and start
+    time, from its labels) no longer runs; with ``run``, every container of that run id; with
+    ``everything``, every agentrl sandbox container. Returns ``(short id, reason)`` per removal.
+    """
+    client = client_for(docker_host)
+    host = socket.gethostname()
+    removed = []
+    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        labels = c.labels
+        if everything:
+            reason = "--all"
+        elif run is not None:
+            if labels.get("agentrl.run") != run:
+                continue
+            reason = f"run {run}"
+        elif labels.get("agentrl.host", host) != host:
+            continue  # made on another machine: its process cannot be checked from here
+        else:
+            pid = int(labels.get("agentrl.pid", "0") or 0)
+            started = process_start_time(pid) if pid else None
+            if started is not None and started == labels.get("agentrl.pid_start", started):
+                continue  # its creator still runs
+            reason = f"creating process {pid} is gone"
+        try:
+            c.remove(force=True, v=True)
+            removed.append((c.short_id, reason))
+        except Exception as e:
+            if getattr(e, "status_code", None) != 404:
+                raise
+    return removed
+
+
+def doctor(docker_host: str | None = None, image: str = BASE_IMAGE) -> list[tuple[str, bool, str]]:
+    """What works on this machine: ``(check, ok, detail or the command that fixes it)``."""
+    checks: list[tuple[str, bool, str]] = []
+    try:
+        client = client_for(docker_host)
+    except SandboxError as e:
+        if not shutil.which("dockerd"):
+            fix = "apt-get install -y docker.io && dockerd > /tmp/dockerd.log 2>&1 &"
+        else:
+            fix = "dockerd > /tmp/dockerd.log 2>&1 &  (as root; or systemctl start docker)"
+        checks.append(("docker daemon", False, f"{str(e).split(';')[0]}. Fix: {fix}"))
+        return checks
+    version = client.version()
+    checks.append(
+        ("docker daemon", True, f"engine {version.get('Version')}, API {version.get('ApiVersion')}")
+    )
+    present = bool(client.images.list(name=image))
+    checks.append(
+        (f"image {image}", present, "present" if present else "missing. Fix: agentrl sandbox build")
+    )
+    supports = storage_supports_size(client)
+    driver = client.info().get("Driver")
+    checks.append(
+        (
+            "disk limit",
+            supports,
+            f"storage driver {driver} enforces `disk`"
+            if supports
+            else f"storage driver {driver} cannot limit a container's disk use; files are capped by max_file_size, /tmp is a sized tmpfs",
+        )
+    )
+    return checks

@@ -1,0 +1,141 @@
+"""Sandbox images built with no registry: a Debian base from ``debootstrap``, and task layers on top.
+
+No image can be pulled on the machines agentrl is developed on (and many training clusters are
+air-gapped), so the base image is assembled from Debian packages and ``docker import``-ed:
+
+    agentrl sandbox build          # builds agentrl/base:bookworm unless present (about a minute)
+
+Task images are ordinary Dockerfiles ``FROM agentrl/base:bookworm``, built with networking off
+(``build_task_image``): whatever a task needs is copied in, never downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+BASE_IMAGE = "agentrl/base:bookworm"
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# minbase lacks ps/pkill (procps) and patch; git and pytest are what coding tasks run.
+PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates", "procps", "patch")
+AGENT_USER, AGENT_UID = "agent", 1000
+WORKSPACE = "/testbed"
+IMAGE_CHANGES = (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LANG=C.UTF-8",
+    f"WORKDIR {WORKSPACE}",
+    'CMD ["sleep", "infinity"]',
+    "LABEL agentrl.image=base",
+)
+GITCONFIG = """[user]
+\tname = agentrl
+\temail = agentrl@localhost
+[init]
+\tdefaultBranch = main
+[safe]
+\tdirectory = *
+[advice]
+\tdetachedHead = false
+"""
+
+
+class ImageBuildError(RuntimeError):
+    pass
+
+
+def image_present(client, tag: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _customise_rootfs(rootfs: Path) -> None:
+    """Add the non-root agent user and its workspace; trim what a sandbox never reads."""
+    with open(rootfs / "etc/passwd", "a") as f:
+        f.write(f"{AGENT_USER}:x:{AGENT_UID}:{AGENT_UID}:agentrl agent:/home/{AGENT_USER}:/bin/bash\n")
+    with open(rootfs / "etc/group", "a") as f:
+        f.write(f"{AGENT_USER}:x:{AGENT_UID}:\n")
+    with open(rootfs / "etc/shadow", "a") as f:
+        f.write(f"{AGENT_USER}:*:19000:0:99999:7:::\n")
+    for path in (f"home/{AGENT_USER}", WORKSPACE.lstrip("/")):
+        (rootfs / path).mkdir(parents=True, exist_ok=True)
+        os.chown(rootfs / path, AGENT_UID, AGENT_UID)
+    (rootfs / "etc/gitconfig").write_text(GITCONFIG)
+    for junk in ("var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/locale"):
+        shutil.rmtree(rootfs / junk, ignore_errors=True)
+        (rootfs / junk).mkdir(parents=True, exist_ok=True)
+
+
+def build_base_image(
+    tag: str = BASE_IMAGE, *, mirror: str = MIRROR, force: bool = False, log: Callable[[str], None] = print
+) -> str:
+    """Build the base image with ``debootstrap`` + ``docker import``; returns "present" or "built".
+
+    Needs root (debootstrap) and a reachable Debian mirror; no container registry.
+    """
+    import docker
+
+    client = docker.from_env()
+    if not force and image_present(client, tag):
+        log(f"{tag}: already present, nothing to do (force=True rebuilds it)")
+        return "present"
+    if os.geteuid() != 0:
+        raise ImageBuildError(
+            f"building {tag} runs debootstrap, which needs root; run `sudo agentrl sandbox build`."
+        )
+    if not shutil.which("debootstrap"):
+        raise ImageBuildError("debootstrap is not installed; run `apt-get install -y debootstrap` and retry.")
+    with tempfile.TemporaryDirectory(prefix="agentrl-rootfs-", dir="/var/tmp") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        cmd = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            SUITE,
+            str(rootfs),
+            mirror,
+        ]
+        log(f"{tag}: {' '.join(cmd)}")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ImageBuildError(f"debootstrap failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        _customise_rootfs(rootfs)
+        tarball = Path(tmp) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
+        log(f"{tag}: docker import ({tarball.stat().st_size / 2**20:.0f} MiB)")
+        repository, _, version = tag.partition(":")
+        client.api.import_image_from_file(
+            str(tarball), repository=repository, tag=version or "latest", changes=list(IMAGE_CHANGES)
+        )
+    log(f"{tag}: built")
+    return "built"
+
+
+def build_task_image(context: str | Path, tag: str, *, buildargs: dict[str, str] | None = None) -> str:
+    """Build a task image from a Dockerfile in ``context`` with networking off; returns its id."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        image, _ = client.images.build(
+            path=str(context),
+            tag=tag,
+            network_mode="none",
+            rm=True,
+            forcerm=True,
+            buildargs=buildargs or {},
+            labels={"agentrl.image": "task"},
+        )
+    except docker.errors.BuildError as e:
+        log = "".join(chunk.get("stream", "") for chunk in e.build_log if isinstance(chunk, dict))
+        raise ImageBuildError(f"building {tag} from {context} failed: {e.msg}\n{log[-2000:]}") from e
+    return image.id

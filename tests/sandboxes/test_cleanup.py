@@ -1,0 +1,97 @@
+"""Containers are removed on SIGTERM/SIGINT; after kill -9, `agentrl sandbox gc` removes them."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from agentrl.cli import main
+from tests.conftest import require_docker
+
+CHILD = """
+import asyncio, sys
+from agentrl.sandbox import make_sandbox
+async def go():
+    async with make_sandbox("docker", memory="256m") as sb:
+        await sb.exec("echo started", timeout=10)
+        print("ready", flush=True)
+        await sb.exec("sleep 600", timeout=600)  # mid-episode when the signal comes
+asyncio.run(go())
+"""
+
+
+def containers_of(pid: int):
+    import docker
+
+    return docker.from_env().containers.list(
+        all=True, filters={"label": ["agentrl.sandbox=1", f"agentrl.pid={pid}"]}
+    )
+
+
+def start_child():
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    assert len(containers_of(child.pid)) == 1
+    return child
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_removes_the_containers(signum):
+    require_docker()
+    child = start_child()
+    child.send_signal(signum)
+    child.wait(timeout=30)
+    assert containers_of(child.pid) == []
+
+
+def test_kill_9_then_gc_leaves_nothing(capsys):
+    require_docker()
+    child = start_child()
+    child.kill()
+    child.wait(timeout=30)
+    time.sleep(0.2)
+    assert len(containers_of(child.pid)) == 1  # nothing in the process could run
+    assert main(["sandbox", "gc"]) == 0
+    assert "creating process" in capsys.readouterr().out
+    assert containers_of(child.pid) == []
+
+
+def test_gc_keeps_containers_of_live_processes():
+    require_docker()
+    child = start_child()
+    try:
+        assert main(["sandbox", "gc"]) == 0
+        assert len(containers_of(child.pid)) == 1
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+    assert containers_of(child.pid) == []
+
+
+def test_only_transient_daemon_errors_are_retried():
+    import docker
+    from agentrl.sandboxes.docker import _retry, _transient
+
+    assert _transient(requests.exceptions.ConnectionError("reset by peer"))
+    assert _transient(docker.errors.APIError("boom", response=type("R", (), {"status_code": 502})()))
+    assert not _transient(docker.errors.APIError("no", response=type("R", (), {"status_code": 409})()))
+    assert not _transient(docker.errors.ImageNotFound("nope"))
+    calls = []
+
+    @_retry
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise requests.exceptions.ConnectionError("connection reset")
+        return "ok"
+
+    assert flaky() == "ok" and len(calls) == 3
+
+
+def test_doctor_reports_each_backend(capsys):
+    assert main(["sandbox", "doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "docker daemon" in out and "local backend: usable" in out

@@ -341,3 +341,33 @@ def test_dead_container_is_detected():
             assert isinstance(r, ExecResult)
 
     run(go())
+
+
+def test_task_image_layer_built_offline(tmp_path):
+    require_docker()
+    from agentrl.sandboxes.images import build_task_image
+
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM agentrl/base:bookworm\n"
+        "COPY --chown=agent:agent calc.py /testbed/calc.py\n"
+        "RUN cd /testbed && git init -q && git add -A && git commit -qm task && chown -R agent:agent /testbed\n"
+    )
+    tag = "agentrl-test/calc:1"
+    build_task_image(tmp_path, tag)
+
+    async def go():
+        async with sandbox("docker", image=tag) as sb:
+            r = await sb.exec(
+                "git log --oneline | wc -l; python3 -c 'import calc; print(calc.add(2, 2))'", timeout=30
+            )
+            assert r.output.split() == ["1", "0"]
+            await sb.exec("sed -i 's/a - b/a + b/' calc.py", timeout=10)
+            assert "-    return a - b\n+    return a + b" in await sb.diff()
+
+    try:
+        run(go())
+    finally:
+        import docker
+
+        docker.from_env().images.remove(tag, force=True)

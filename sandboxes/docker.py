@@ -353,7 +353,11 @@ class DockerSandbox:
             ulimits=[docker.types.Ulimit(name="fsize", soft=cfg.max_file_bytes, hard=cfg.max_file_bytes)],
             tmpfs={"/tmp": f"size={cfg.tmp_bytes},mode=1777", OUTPUT_DIR: "size=256m,mode=1777"},
             labels=self._labels(),
-            environment={"HOME": "/home/agent" if cfg.user == "agent" else "/root", **cfg.env},
+            environment={
+                "HOME": "/home/agent" if cfg.user == "agent" else "/root",
+                "PYTHONDONTWRITEBYTECODE": "1",  # keeps __pycache__ out of the workspace diff
+                **cfg.env,
+            },
         )
         if cfg.disk is not None and storage_supports_size(client):
             kwargs["storage_opt"] = {"size": cfg.disk}

@@ -258,7 +258,13 @@ class LocalSandbox:
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
         home = "/tmp" if self._bwrap else self.workdir
-        env = {"PATH": path, "HOME": home, "LANG": "C.UTF-8", "AGENTRL_BASE": self.base_commit or ""}
+        env = {
+            "PATH": path,
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",  # keeps __pycache__ out of the workspace diff
+            "AGENTRL_BASE": self.base_commit or "",
+        }
         return {**env, **self.config.env, **(extra or {})}
 
     def _limits(self, timeout: float):

@@ -1,0 +1,235 @@
+"""Agent environments: the protocol environment authors implement, a registry, and a conformance checker.
+
+    from agentrl.env import make
+    env = make("bugfix-v0", sandbox="local")
+    obs = await env.reset(env.task("train", 0))       # initial chat messages + tool specs
+    result = await env.step(parsed_turn.calls)          # tool observations, reward, done
+    await env.close()
+
+Register an environment with ``register("name-v0", entry_point="pkg.module:Class", **defaults)``, or
+from another package through the entry-point group ``agentrl.envs`` (each entry point is a
+module or a callable that calls ``register``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import importlib
+import importlib.metadata
+import json
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from agentrl.tools import ToolCall, spec_problems
+
+ENTRY_POINT_GROUP = "agentrl.envs"
+_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*-v\d+$")
+
+
+@dataclass
+class Task:
+    """One task: a stable id, and whatever the environment needs to set it up."""
+
+    id: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Observation:
+    """What ``reset`` returns: the initial chat messages and the tool specs to render them with."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+
+@dataclass
+class StepResult:
+    observation: list[dict[str, Any]]
+    """New chat messages for the policy (tool results, or a reminder); empty when done."""
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    """Per step: ``tool_calls`` (name, arguments, output, exit_code, error), counters, ``status`` when done."""
+
+
+@runtime_checkable
+class AgentEnv(Protocol):
+    """An environment the agent loop drives. An env owns its sandbox(es) (``agentrl.sandbox.make_sandbox``).
+
+    ``deterministic = True`` promises that ``reset`` of the same task gives the same observation.
+    Environments with a reward only at the end implement ``async grade() -> float``.
+    """
+
+    async def reset(self, task: Task) -> Observation: ...
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult: ...
+    async def close(self) -> None: ...
+
+
+# --- registry -------------------------------------------------------------------------------------
+
+
+@dataclass
+class EnvSpec:
+    id: str
+    entry_point: str
+    defaults: dict[str, Any]
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+_plugins_loaded = False
+
+
+def register(id: str, entry_point: str, **defaults: Any) -> None:
+    """Register ``entry_point`` ("module:Class") under a versioned id ("name-v0") with default kwargs."""
+    if not _ID.match(id):
+        raise ValueError(f"environment id {id!r} must be versioned like 'name-v0'")
+    if ":" not in entry_point:
+        raise ValueError(f"entry_point {entry_point!r} must look like 'package.module:ClassName'")
+    if id in _REGISTRY and _REGISTRY[id].entry_point != entry_point:
+        warnings.warn(
+            f"environment {id!r} was registered as {_REGISTRY[id].entry_point}; overriding with {entry_point}",
+            stacklevel=2,
+        )
+    elif id in _REGISTRY and _REGISTRY[id].defaults != defaults:
+        warnings.warn(f"environment {id!r} re-registered with other defaults: {defaults}", stacklevel=2)
+    _REGISTRY[id] = EnvSpec(id, entry_point, dict(defaults))
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    importlib.import_module("agentrl.envs")  # the built-in environments register themselves
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = ep.load()
+        except Exception as e:
+            warnings.warn(f"could not load environment plugin {ep.name} ({ep.value}): {e}", stacklevel=2)
+            continue
+        if callable(loaded):
+            loaded()
+
+
+def list_envs() -> list[str]:
+    _load_plugins()
+    return sorted(_REGISTRY)
+
+
+def spec(id: str) -> EnvSpec:
+    _load_plugins()
+    if id not in _REGISTRY:
+        close = difflib.get_close_matches(id, _REGISTRY, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(f"no environment {id!r}.{hint} Registered: {', '.join(sorted(_REGISTRY)) or 'none'}.")
+    return _REGISTRY[id]
+
+
+def make(id: str, **overrides: Any) -> AgentEnv:
+    """Instantiate a registered environment; ``overrides`` replace its registered defaults."""
+    s = spec(id)
+    module, _, attr = s.entry_point.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    env = cls(**{**s.defaults, **overrides})
+    if not getattr(env, "id", None):
+        env.id = id
+    return env
+
+
+# --- checker --------------------------------------------------------------------------------------
+
+
+class EnvCheckError(AssertionError):
+    """An environment breaks the contract; the message names the likely cause."""
+
+
+VALID_ROLES = {"system", "user", "assistant", "tool"}
+
+
+def _check_messages(messages: Any, where: str) -> None:
+    if not isinstance(messages, list):
+        raise EnvCheckError(f"{where} must be a list of chat messages; got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in VALID_ROLES or not isinstance(m.get("content"), str):
+            raise EnvCheckError(
+                f"{where}[{i}] = {str(m)[:120]} is not a chat message: each needs a role in {sorted(VALID_ROLES)} "
+                "and string content (chat templates render nothing else)"
+            )
+    try:
+        json.dumps(messages)
+    except TypeError as e:
+        raise EnvCheckError(f"{where} is not JSON-serialisable ({e}); trajectories store messages as JSON") from e
+
+
+async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
+    """Run the conformance checks on ``env`` with ``task``; returns what passed, raises ``EnvCheckError``.
+
+    The env must allow ``reset`` again after steps (each reset starts a new episode).
+    """
+    passed = []
+    if not isinstance(env, AgentEnv):
+        raise EnvCheckError(f"{type(env).__name__} lacks reset/step/close (the AgentEnv protocol)")
+    try:
+        obs = await env.reset(task)
+        if not isinstance(obs, Observation):
+            raise EnvCheckError(f"reset must return an Observation(messages, tools); got {type(obs).__name__}")
+        _check_messages(obs.messages, "reset().messages")
+        if not obs.messages or obs.messages[-1]["role"] != "user":
+            raise EnvCheckError("reset().messages should end with the user's task (the policy answers a user turn)")
+        passed.append("reset returns valid chat messages")
+        if not isinstance(obs.tools, list) or not obs.tools:
+            raise EnvCheckError("reset().tools must be a non-empty list of tool specs")
+        for t in obs.tools:
+            problems = spec_problems(t)
+            if problems:
+                raise EnvCheckError(f"invalid tool spec: {'; '.join(problems)}")
+        passed.append("tool specs are valid JSON schema")
+
+        bad_calls = [
+            ToolCall("", raw="<tool_call>{not json</tool_call>", error="invalid JSON (test)"),
+            ToolCall("no_such_tool_xyz", {"x": 1}),
+            ToolCall(obs.tools[0]["function"]["name"], {"unexpected_argument_xyz": 1}),
+        ]
+        for call in bad_calls:
+            try:
+                result = await env.step([call])
+            except Exception as e:
+                raise EnvCheckError(
+                    f"step raised {type(e).__name__}: {e} on a malformed tool call ({call.name or call.raw!r}); "
+                    "malformed calls must become an observation the agent can read"
+                ) from e
+            if not isinstance(result, StepResult):
+                raise EnvCheckError(f"step must return a StepResult; got {type(result).__name__}")
+            _check_messages(result.observation, "step().observation")
+            if not result.done and not result.observation:
+                raise EnvCheckError("step answered a malformed call with no observation; tell the agent what was wrong")
+            if not isinstance(result.reward, int | float) or not isinstance(result.done, bool):
+                raise EnvCheckError("StepResult.reward must be a number and StepResult.done a bool")
+            if result.done:
+                break
+        passed.append("malformed tool calls become observations")
+
+        if getattr(env, "deterministic", False):
+            again = await env.reset(task)
+            if again.messages != obs.messages or again.tools != obs.tools:
+                raise EnvCheckError(
+                    "the env says it is deterministic, but two resets of the same task differ; "
+                    "seed every random choice from the task"
+                )
+            passed.append("same task gives the same observation")
+    finally:
+        await env.close()
+    try:
+        await env.close()
+    except Exception as e:
+        raise EnvCheckError(f"close is not idempotent: the second call raised {type(e).__name__}: {e}") from e
+    passed.append("close is idempotent")
+    return passed
+
+
+def check_env(env: AgentEnv, task: Task) -> list[str]:
+    """Synchronous wrapper of ``check_env_async`` for scripts and the CLI."""
+    return asyncio.run(check_env_async(env, task))

@@ -1,0 +1,223 @@
+"""``bugfix-v0``: fix the one bug in a small generated Python project so that its pytest suite passes.
+
+Reward is 1 if and only if the whole suite passes after the agent's edits, graded in the sandbox
+after resetting it to the task and re-applying only the agent's changes to the package's source:
+edits to tests or new test configuration (``conftest.py``, ``pytest.ini``, ...) do not count. The
+number of passing tests must equal the task's, so skipping or deselecting tests earns nothing.
+
+Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
+``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
+(``end`` the episode, or ``remind`` the agent to use a tool).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from agentrl.env import Observation, StepResult, Task
+from agentrl.envs.bugfix.generator import SPLITS, BugfixTask, describe, generate
+from agentrl.sandbox import make_sandbox
+from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
+
+SYSTEM_PROMPT = (
+    "You are a careful software engineer. You work in a repository through tools: run shell commands "
+    "with `bash`, read and edit files with `str_replace_editor`, and call `submit` when you are done."
+)
+REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
+_PASSED = re.compile(r"(\d+) passed")
+
+
+def docker_ready() -> bool:
+    try:
+        import docker
+
+        from agentrl.sandboxes.images import BASE_IMAGE
+
+        client = docker.from_env(timeout=5)
+        return bool(client.images.list(name=BASE_IMAGE))
+    except Exception:
+        return False
+
+
+class BugfixEnv:
+    """An ``AgentEnv``; one sandbox per episode, made at ``reset``."""
+
+    deterministic = True
+    tools = CODING_TOOLS
+
+    def __init__(
+        self,
+        sandbox: str = "auto",
+        sandbox_config: dict[str, Any] | None = None,
+        n_modules: int = 2,
+        n_distractors: int = 2,
+        name_failing_test: bool = True,
+        max_turns: int = 12,
+        on_no_tool_call: str = "remind",
+        command_timeout: float = 60.0,
+        max_observation_chars: int = 8_000,
+        seed: int = 0,
+    ):
+        if on_no_tool_call not in ("end", "remind"):
+            raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
+        if sandbox not in ("auto", "docker", "local"):
+            raise ValueError(f"sandbox must be 'auto', 'docker' or 'local'; got {sandbox!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1; got {max_turns}")
+        self.backend = ("docker" if docker_ready() else "local") if sandbox == "auto" else sandbox
+        self.sandbox_config = dict(sandbox_config or {})
+        self.n_modules, self.n_distractors, self.seed = n_modules, n_distractors, seed
+        self.name_failing_test = name_failing_test
+        self.max_turns = max_turns
+        self.on_no_tool_call = on_no_tool_call
+        self.command_timeout = command_timeout
+        self.max_observation_chars = max_observation_chars
+        self.sandbox = None
+        self.spec: BugfixTask | None = None
+        self._tools: CodingTools | None = None
+        self._turns = 0
+        self._done = False
+        self._base = ""
+
+    # -- tasks --
+    def task(self, split: str, index: int) -> Task:
+        spec = generate(split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed)
+        return Task(spec.id, {"split": split, "index": index})
+
+    def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+        return [self.task(split, i) for i in range(start, start + n)]
+
+    def _spec(self, task: Task) -> BugfixTask:
+        try:
+            split, index = task.data["split"], int(task.data["index"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"bugfix task {task.id!r} needs data {{'split': 'train'|'test', 'index': int}}; got {task.data!r}"
+            ) from None
+        return generate(split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed)
+
+    # -- episode --
+    async def reset(self, task: Task) -> Observation:
+        await self._close_sandbox()
+        self.spec = self._spec(task)
+        self.sandbox = make_sandbox(self.backend, **self.sandbox_config)
+        await self.sandbox.start()
+        with tempfile.TemporaryDirectory(prefix="agentrl-bugfix-") as tmp:
+            root = Path(tmp) / "task"
+            for path, content in self.spec.files.items():
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                (root / path).write_text(content)
+            os.chmod(root, 0o755)
+            await self.sandbox.upload(str(root), self.sandbox.workdir)
+        setup = await self.sandbox.exec(
+            "git add -A && git -c user.name=agentrl -c user.email=agentrl@localhost commit -qm task && git rev-parse HEAD",
+            timeout=60,
+        )
+        if setup.exit_code != 0:
+            raise RuntimeError(f"bugfix task setup failed in the sandbox: {setup.output[-500:]}")
+        self._base = setup.output.split()[-1]
+        self._tools = CodingTools(
+            self.sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
+        )
+        self._turns, self._done = 0, False
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": describe(self.spec, self.name_failing_test)},
+        ]
+        return Observation(messages=messages, tools=list(self.tools))
+
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
+        if self.sandbox is None or self._done:
+            raise RuntimeError("step() called before reset() or after the episode ended; call reset(task) first")
+        self._turns += 1
+        observation, records = [], []
+        submitted = False
+        errors = 0
+        for call in tool_calls:
+            validate_call(call, self.tools)
+            record = {"name": call.name, "arguments": call.arguments, "id": call.id, "error": call.error}
+            if call.error:
+                errors += 1
+                output, exit_code = f"error: {call.error}", None
+            elif call.name == "submit":
+                submitted = True
+                output, exit_code = "submitted", 0
+            else:
+                result = await self._tools.run(call)
+                output, exit_code = result.output, result.exit_code
+                errors += int(result.error)
+                if result.sandbox_died:
+                    record.update(output=output, exit_code=exit_code)
+                    records.append(record)
+                    return await self._finish(records, errors, "env_error")
+            record.update(output=output, exit_code=exit_code)
+            records.append(record)
+            observation.append({"role": "tool", "content": output, "name": call.name or "invalid", "tool_call_id": call.id})
+            if submitted:
+                break
+        if submitted:
+            return await self._finish(records, errors, "completed")
+        if not tool_calls:
+            if self.on_no_tool_call == "end":
+                return await self._finish(records, errors, "completed")
+            observation.append({"role": "user", "content": REMINDER})
+        if self._turns >= self.max_turns:
+            return await self._finish(records, errors, "max_turns")
+        return StepResult(observation, 0.0, False, {"tool_calls": records, "tool_call_errors": errors})
+
+    async def _finish(self, records, errors, status) -> StepResult:
+        self._done = True
+        reward = await self.grade()
+        return StepResult([], reward, True, {"tool_calls": records, "tool_call_errors": errors, "status": status})
+
+    async def grade(self) -> float:
+        """1.0 when the task's whole suite passes with the agent's source edits applied to a clean task checkout."""
+        if self.sandbox is None or self.spec is None:
+            raise RuntimeError("grade() needs a reset() first")
+        package = self.spec.package
+        script = (
+            "export PYTHONDONTWRITEBYTECODE=1; "
+            "idx=$(mktemp) && cp .git/index $idx && GIT_INDEX_FILE=$idx git add -A && "
+            f"GIT_INDEX_FILE=$idx git diff --cached --binary --no-ext-diff {self._base} -- '{package}/' "
+            "':(exclude,glob)**/__pycache__/**' > /tmp/agent.patch; "
+            f"rm -f $idx; git reset -q --hard {self._base} && git clean -qffdx && "
+            "{ test ! -s /tmp/agent.patch || git apply /tmp/agent.patch; } && "
+            "python3 -m pytest -q -p no:cacheprovider tests > /tmp/grade.log 2>&1; rc=$?; tail -n 5 /tmp/grade.log; exit $rc"
+        )
+        r = await self.sandbox.exec(script, timeout=120)
+        match = _PASSED.findall(r.output)
+        passed = int(match[-1]) if match else 0
+        ok = r.exit_code == 0 and "failed" not in r.output and "error" not in r.output.lower() and passed == self.spec.n_tests
+        return 1.0 if ok else 0.0
+
+    async def _close_sandbox(self) -> None:
+        if self.sandbox is not None:
+            sandbox, self.sandbox = self.sandbox, None
+            await sandbox.close()
+
+    async def close(self) -> None:
+        await self._close_sandbox()
+
+
+def expert_turns(spec: BugfixTask) -> list[list[ToolCall]]:
+    """The scripted expert: run the tests, view the buggy file, fix it, run the tests, submit."""
+    fix = spec.fix
+    return [
+        [ToolCall("bash", {"command": "python3 -m pytest -q"}, id="call_0")],
+        [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")],
+        [
+            ToolCall(
+                "str_replace_editor",
+                {"command": "str_replace", "path": fix["path"], "old_str": fix["old"], "new_str": fix["new"]},
+                id="call_0",
+            )
+        ],
+        [ToolCall("bash", {"command": "python3 -m pytest -q"}, id="call_0")],
+        [ToolCall("submit", {}, id="call_0")],
+    ]

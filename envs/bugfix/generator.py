@@ -1,0 +1,399 @@
+"""Procedural generator of small Python projects with exactly one bug and a pytest suite that exposes it.
+
+A task is a package of ``n_modules`` modules, each holding a few functions drawn from the
+templates below (names and constants drawn too), a test module per source module, and one bug
+injected into one function. Every bug kind is a textual edit of one function; a generated task
+is checked in-process before it is returned: all tests pass on the correct code, and at least
+one fails on the buggy code.
+
+Splits: a task belongs to the held-out split ``test`` exactly when the hash of its content falls
+in the first tenth of the hash space, and to ``train`` otherwise, so the splits share no task by
+construction. Task ``(split, index)`` is drawn from a seed made of both, re-drawn until its content
+lands in its split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+BUG_KINDS = ("wrong_operator", "off_by_one", "wrong_constant", "swapped_args", "missing_edge_case", "wrong_comparison")
+SPLITS = ("train", "test")
+PACKAGES = ("toolkit", "calc", "helpers", "mylib", "utilkit", "corelib", "numkit", "basics")
+MODULES = ("mathops", "stats", "text_utils", "units", "scoring", "series", "finance", "measures", "sequences")
+
+
+@dataclass
+class Function:
+    name: str
+    code: str
+    """Correct source (a complete ``def``)."""
+    tests: list[str]
+    """Test bodies (``assert ...`` lines) that pass on the correct code."""
+    bugs: dict[str, tuple[str, str]]
+    """kind -> (correct snippet, buggy snippet): the buggy code replaces the snippet in ``code``."""
+
+
+def _pick(rng: random.Random, names: tuple[str, ...]) -> str:
+    return rng.choice(names)
+
+
+# --- templates: each draws names and constants, and knows its own bugs and tests ----------------
+
+
+def t_scale(rng):
+    name = _pick(rng, ("scale", "scale_all", "multiply_each", "times_each"))
+    k = rng.randint(2, 9)
+    code = f"def {name}(values, factor):\n    return [v * factor for v in values]\n"
+    tests = [f"assert {name}([1, 2, 3], {k}) == [{k}, {2 * k}, {3 * k}]", f"assert {name}([], {k}) == []"]
+    return Function(name, code, tests, {"wrong_operator": ("v * factor", "v + factor")})
+
+
+def t_sum_to(rng):
+    name = _pick(rng, ("sum_to", "triangle", "sum_up_to", "total_to"))
+    n = rng.randint(4, 12)
+    code = f"def {name}(n):\n    total = 0\n    for i in range(1, n + 1):\n        total += i\n    return total\n"
+    tests = [f"assert {name}({n}) == {n * (n + 1) // 2}", f"assert {name}(1) == 1", f"assert {name}(0) == 0"]
+    return Function(
+        name,
+        code,
+        tests,
+        {"off_by_one": ("range(1, n + 1)", "range(1, n)"), "wrong_operator": ("total += i", "total *= i")},
+    )
+
+
+def t_clamp(rng):
+    name = _pick(rng, ("clamp", "bound", "limit", "clip_value"))
+    lo, hi = rng.randint(-10, 0), rng.randint(5, 20)
+    code = (
+        f"def {name}(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
+    )
+    tests = [
+        f"assert {name}({lo - 3}, {lo}, {hi}) == {lo}",
+        f"assert {name}({hi + 4}, {lo}, {hi}) == {hi}",
+        f"assert {name}(3, {lo}, {hi}) == 3",
+    ]
+    return Function(
+        name,
+        code,
+        tests,
+        {
+            "wrong_comparison": ("if x > hi:", "if x < hi:"),
+            "swapped_args": ("    if x < lo:\n        return lo\n", "    if x < lo:\n        return hi\n"),
+        },
+    )
+
+
+def t_linear(rng):
+    name = _pick(rng, ("convert", "to_units", "calibrate", "rescale"))
+    a, b = rng.randint(2, 9), rng.randint(3, 40)
+    code = f"def {name}(value):\n    return value * {a} + {b}\n"
+    tests = [f"assert {name}(0) == {b}", f"assert {name}(10) == {10 * a + b}", f"assert {name}(-2) == {-2 * a + b}"]
+    return Function(
+        name,
+        code,
+        tests,
+        {"wrong_constant": (f"+ {b}", f"+ {b + rng.randint(1, 3)}"), "wrong_operator": (f"+ {b}", f"- {b}")},
+    )
+
+
+def t_safe_divide(rng):
+    name = _pick(rng, ("safe_divide", "divide_or", "checked_ratio", "div_default"))
+    d = rng.randint(-9, -1)
+    code = f"def {name}(a, b, default={d}):\n    if b == 0:\n        return default\n    return a / b\n"
+    tests = [f"assert {name}(9, 3) == 3", f"assert {name}(5, 0) == {d}", f"assert {name}(1, 0, default=7) == 7"]
+    return Function(
+        name,
+        code,
+        tests,
+        {
+            "missing_edge_case": ("    if b == 0:\n        return default\n    return a / b", "    return a / b"),
+            "swapped_args": ("return a / b", "return b / a"),
+        },
+    )
+
+
+def t_count_at_least(rng):
+    name = _pick(rng, ("count_at_least", "count_passing", "num_above", "tally_min"))
+    t = rng.randint(3, 8)
+    code = f"def {name}(values, threshold):\n    return sum(1 for v in values if v >= threshold)\n"
+    tests = [
+        f"assert {name}([{t - 1}, {t}, {t + 1}], {t}) == 2",
+        f"assert {name}([], {t}) == 0",
+        f"assert {name}([{t}, {t}], {t}) == 2",
+    ]
+    return Function(name, code, tests, {"wrong_comparison": ("v >= threshold", "v > threshold")})
+
+
+def t_percent(rng):
+    name = _pick(rng, ("percent", "share", "percentage", "pct_of"))
+    part, whole = rng.randint(1, 4), rng.choice((5, 8, 10, 20))
+    code = f"def {name}(part, whole):\n    return part / whole * 100\n"
+    tests = [f"assert {name}({part}, {whole}) == {part / whole * 100!r}", f"assert {name}(0, {whole}) == 0"]
+    return Function(name, code, tests, {"swapped_args": ("part / whole", "whole / part")})
+
+
+def t_last_n(rng):
+    name = _pick(rng, ("last_n", "tail", "take_last", "most_recent"))
+    code = f"def {name}(items, n):\n    if n <= 0:\n        return []\n    return items[-n:]\n"
+    tests = [f"assert {name}([1, 2, 3, 4], 2) == [3, 4]", f"assert {name}([1, 2, 3], 0) == []", f"assert {name}([], 3) == []"]
+    return Function(
+        name,
+        code,
+        tests,
+        {
+            "missing_edge_case": ("    if n <= 0:\n        return []\n    return items[-n:]", "    return items[-n:]"),
+            "off_by_one": ("items[-n:]", "items[-n + 1:]"),
+        },
+    )
+
+
+def t_is_leap(rng):
+    name = _pick(rng, ("is_leap", "leap_year", "has_feb_29", "is_leap_year"))
+    code = f"def {name}(year):\n    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)\n"
+    tests = [
+        f"assert {name}(2024) is True",
+        f"assert {name}(1900) is False",
+        f"assert {name}(2000) is True",
+        f"assert {name}(2023) is False",
+    ]
+    return Function(
+        name,
+        code,
+        tests,
+        {
+            "missing_edge_case": ("(year % 100 != 0 or year % 400 == 0)", "year % 100 != 0"),
+            "wrong_constant": ("year % 400 == 0", "year % 300 == 0"),
+        },
+    )
+
+
+def t_argmax(rng):
+    name = _pick(rng, ("argmax", "index_of_max", "best_index", "peak_index"))
+    values = [rng.randint(0, 20) for _ in range(4)] + [25]
+    code = (
+        f"def {name}(values):\n    best = 0\n    for i in range(1, len(values)):\n"
+        f"        if values[i] > values[best]:\n            best = i\n    return best\n"
+    )
+    tests = [f"assert {name}({values}) == 4", f"assert {name}([7]) == 0", f"assert {name}([9, 1, 3]) == 0"]
+    return Function(
+        name,
+        code,
+        tests,
+        {
+            "off_by_one": ("range(1, len(values))", "range(1, len(values) - 1)"),
+            "wrong_comparison": ("values[i] > values[best]", "values[i] < values[best]"),
+        },
+    )
+
+
+def t_average(rng):
+    name = _pick(rng, ("average", "mean", "mean_of", "avg"))
+    vals = [rng.randint(1, 9) * 2 for _ in range(3)]
+    code = f"def {name}(values):\n    if not values:\n        return 0.0\n    return sum(values) / len(values)\n"
+    tests = [f"assert {name}({vals}) == {sum(vals) / 3!r}", f"assert {name}([]) == 0.0", f"assert {name}([5]) == 5"]
+    return Function(
+        name,
+        code,
+        tests,
+        {
+            "missing_edge_case": (
+                "    if not values:\n        return 0.0\n    return sum(values) / len(values)",
+                "    return sum(values) / len(values)",
+            ),
+            "wrong_operator": ("sum(values) / len(values)", "sum(values) * len(values)"),
+        },
+    )
+
+
+def t_fit_width(rng):
+    name = _pick(rng, ("fit_width", "pad_to", "fixed_width", "left_justify"))
+    w = rng.randint(4, 8)
+    code = f"def {name}(text, width, fill='.'):\n    return text[:width].ljust(width, fill)\n"
+    tests = [f"assert {name}('ab', {w}) == 'ab' + '.' * {w - 2}", f"assert {name}('x' * {w + 3}, {w}) == 'x' * {w}"]
+    return Function(name, code, tests, {"swapped_args": ("ljust(width, fill)", "ljust(fill, width)")})
+
+
+def t_discount(rng):
+    name = _pick(rng, ("apply_discount", "discounted", "sale_price", "net_price"))
+    pct = rng.choice((10, 20, 25, 50))
+    price = rng.choice((40, 80, 200))
+    code = f"def {name}(price, percent):\n    return price * (100 - percent) / 100\n"
+    tests = [f"assert {name}({price}, {pct}) == {price * (100 - pct) / 100!r}", f"assert {name}({price}, 0) == {price}"]
+    return Function(
+        name,
+        code,
+        tests,
+        {"wrong_constant": ("(100 - percent) / 100", "(100 - percent) / 10"), "wrong_operator": ("100 - percent", "100 + percent")},
+    )
+
+
+TEMPLATES: tuple[Callable[[random.Random], Function], ...] = (
+    t_scale,
+    t_sum_to,
+    t_clamp,
+    t_linear,
+    t_safe_divide,
+    t_count_at_least,
+    t_percent,
+    t_last_n,
+    t_is_leap,
+    t_argmax,
+    t_average,
+    t_fit_width,
+    t_discount,
+)
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+
+@dataclass
+class BugfixTask:
+    id: str
+    split: str
+    package: str
+    files: dict[str, str]
+    """Path -> content of every file of the project."""
+    test_files: list[str]
+    n_tests: int
+    bug_kind: str
+    buggy_path: str
+    fix: dict[str, str]
+    """``{"path", "old", "new"}``: the edit that fixes the bug (the scripted expert's)."""
+    failing_tests: list[str] = field(default_factory=list)
+    content_hash: str = ""
+
+
+def _module_source(functions: list[Function]) -> str:
+    return "\n\n".join(f.code for f in functions)
+
+
+def _test_source(package: str, module: str, functions: list[Function]) -> str:
+    imports = ", ".join(f.name for f in functions)
+    parts = [f"from {package}.{module} import {imports}\n"]
+    for f in functions:
+        for i, line in enumerate(f.tests):
+            parts.append(f"\ndef test_{f.name}_{i}():\n    {line}\n")
+    return "\n".join(parts)
+
+
+def _run_tests(sources: dict[str, str], tests: dict[str, str]) -> list[str]:
+    """Failing test names when the tests run in-process against ``sources`` (module name -> code)."""
+    failing = []
+    namespaces = {}
+    for module, code in sources.items():
+        ns: dict = {}
+        exec(compile(code, module, "exec"), ns)
+        namespaces[module] = ns
+    for module, code in tests.items():
+        ns = dict(namespaces[module])
+        body = code.split("\n", 1)[1]  # drop the import line: the names are already in ns
+        exec(compile(body, f"test_{module}", "exec"), ns)
+        for name, fn in list(ns.items()):
+            if name.startswith("test_") and callable(fn):
+                try:
+                    fn()
+                except Exception:
+                    failing.append(f"test_{module}.py::{name}")
+    return failing
+
+
+def _draw(rng: random.Random, n_modules: int, n_functions: int) -> BugfixTask | None:
+    package = rng.choice(PACKAGES)
+    modules = rng.sample(MODULES, n_modules)
+    templates = rng.sample(TEMPLATES, n_modules * n_functions)
+    layout: dict[str, list[Function]] = {}
+    used: set[str] = set()
+    for i, module in enumerate(modules):
+        layout[module] = []
+        for template in templates[i * n_functions : (i + 1) * n_functions]:
+            fn = template(rng)
+            if fn.name in used:
+                return None
+            used.add(fn.name)
+            layout[module].append(fn)
+    module = rng.choice(modules)
+    target = rng.choice(layout[module])
+    kind = rng.choice(sorted(target.bugs))
+    correct_snippet, buggy_snippet = target.bugs[kind]
+    if target.code.count(correct_snippet) != 1:
+        return None
+    buggy_code = target.code.replace(correct_snippet, buggy_snippet)
+    sources = {m: _module_source(fns) for m, fns in layout.items()}
+    tests = {m: _test_source(package, m, fns) for m, fns in layout.items()}
+    if _run_tests(sources, tests):
+        raise AssertionError(f"template tests fail on correct code: {sources}")
+    buggy_sources = dict(sources)
+    buggy_sources[module] = sources[module].replace(target.code, buggy_code)
+    if buggy_sources[module].count(buggy_snippet) != 1:
+        return None  # the expert's edit must be unambiguous
+    failing = _run_tests(buggy_sources, tests)
+    if not failing:
+        return None  # this draw of constants does not expose the bug
+    files = {f"{package}/__init__.py": f'"""The {package} package."""\n'}
+    for m in modules:
+        files[f"{package}/{m}.py"] = buggy_sources[m]
+        files[f"tests/test_{m}.py"] = tests[m]
+    files["tests/__init__.py"] = ""
+    n_tests = sum(len(f.tests) for fns in layout.values() for f in fns)
+    digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(files.items())).encode()).hexdigest()
+    return BugfixTask(
+        id="",
+        split="",
+        package=package,
+        files=files,
+        test_files=sorted(p for p in files if p.startswith("tests/")),
+        n_tests=n_tests,
+        bug_kind=kind,
+        buggy_path=f"{package}/{module}.py",
+        fix={"path": f"{package}/{module}.py", "old": buggy_snippet, "new": correct_snippet},
+        failing_tests=[f"tests/{name}" for name in failing],
+        content_hash=digest,
+    )
+
+
+def split_of(content_hash: str) -> str:
+    return "test" if int(content_hash[:8], 16) < 0x19999999 else "train"  # first tenth of the hash space
+
+
+def generate(split: str, index: int, *, n_modules: int = 2, n_distractors: int = 2, seed: int = 0) -> BugfixTask:
+    """Task ``index`` of ``split``; the same arguments always give the same task.
+
+    ``n_modules`` source modules, each with ``1 + n_distractors`` functions (one of all of them buggy).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+    if not 1 <= n_modules <= len(MODULES):
+        raise ValueError(f"n_modules must be in [1, {len(MODULES)}]; got {n_modules}")
+    n_functions = 1 + n_distractors
+    if n_distractors < 0 or n_modules * n_functions > len(TEMPLATES):
+        raise ValueError(
+            f"n_modules * (1 + n_distractors) must be at most {len(TEMPLATES)} (the number of function templates); "
+            f"got {n_modules} * {n_functions}"
+        )
+    if index < 0:
+        raise ValueError(f"index must be >= 0; got {index}")
+    for attempt in range(10_000):
+        rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}/{attempt}")
+        task = _draw(rng, n_modules, n_functions)
+        if task is not None and split_of(task.content_hash) == split:
+            task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
+            task.split = split
+            return task
+    raise RuntimeError(f"could not draw task {split}/{index}")  # pragma: no cover (10k draws)
+
+
+def describe(task: BugfixTask, name_failing_test: bool) -> str:
+    hint = ""
+    if name_failing_test:
+        hint = f" The failing test{'s are' if len(task.failing_tests) > 1 else ' is'}: " + ", ".join(task.failing_tests) + "."
+    return textwrap.dedent(
+        f"""\
+        The test suite of the `{task.package}` package in this repository fails: there is one bug in the
+        package's source code (the tests are correct). Find the bug and fix it.{hint}
+        Run the tests with `python3 -m pytest -q`. When they pass, call the submit tool."""
+    )

@@ -65,6 +65,40 @@ def _sandbox_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _envs_list(args: argparse.Namespace) -> int:
+    from agentrl.env import list_envs, spec
+
+    for env_id in list_envs():
+        s = spec(env_id)
+        defaults = f"  defaults {s.defaults}" if s.defaults else ""
+        print(f"{env_id}  {s.entry_point}{defaults}")
+    return 0
+
+
+def _envs_check(args: argparse.Namespace) -> int:
+    from agentrl.env import EnvCheckError, check_env, make
+
+    overrides = {"sandbox": args.sandbox} if args.sandbox else {}
+    try:
+        env = make(args.id, **overrides)
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    task = env.task("train", 0) if hasattr(env, "task") else None
+    if task is None:
+        print(f"error: {args.id} has no task(split, index) method to draw a task from", file=sys.stderr)
+        return 2
+    try:
+        passed = check_env(env, task)
+    except EnvCheckError as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        return 1
+    for line in passed:
+        print(f"ok  {line}")
+    print(f"{args.id}: all checks passed")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl", description="Reinforcement learning for tool-using coding agents."
@@ -93,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="which sandbox backends work here, and how to fix those that do not"
     )
     doc.set_defaults(func=_sandbox_doctor)
+
+    envs = commands.add_parser("envs", help="list registered environments, or check one")
+    envs.set_defaults(func=_envs_list)
+    envs_commands = envs.add_subparsers(dest="envs_command", metavar="ACTION")
+    check = envs_commands.add_parser("check", help="run the conformance checker on an environment")
+    check.add_argument("id", help="environment id, e.g. bugfix-v0")
+    check.add_argument("--sandbox", choices=["docker", "local"], default=None, help="sandbox backend to use")
+    check.set_defaults(func=_envs_check)
     return parser
 
 

@@ -153,7 +153,11 @@ def _check_messages(messages: Any, where: str) -> None:
     if not isinstance(messages, list):
         raise EnvCheckError(f"{where} must be a list of chat messages; got {type(messages).__name__}")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in VALID_ROLES or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in VALID_ROLES
+            or not isinstance(m.get("content"), str)
+        ):
             raise EnvCheckError(
                 f"{where}[{i}] = {str(m)[:120]} is not a chat message: each needs a role in {sorted(VALID_ROLES)} "
                 "and string content (chat templates render nothing else)"
@@ -161,7 +165,9 @@ def _check_messages(messages: Any, where: str) -> None:
     try:
         json.dumps(messages)
     except TypeError as e:
-        raise EnvCheckError(f"{where} is not JSON-serialisable ({e}); trajectories store messages as JSON") from e
+        raise EnvCheckError(
+            f"{where} is not JSON-serialisable ({e}); trajectories store messages as JSON"
+        ) from e
 
 
 async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
@@ -175,10 +181,14 @@ async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
     try:
         obs = await env.reset(task)
         if not isinstance(obs, Observation):
-            raise EnvCheckError(f"reset must return an Observation(messages, tools); got {type(obs).__name__}")
+            raise EnvCheckError(
+                f"reset must return an Observation(messages, tools); got {type(obs).__name__}"
+            )
         _check_messages(obs.messages, "reset().messages")
         if not obs.messages or obs.messages[-1]["role"] != "user":
-            raise EnvCheckError("reset().messages should end with the user's task (the policy answers a user turn)")
+            raise EnvCheckError(
+                "reset().messages should end with the user's task (the policy answers a user turn)"
+            )
         passed.append("reset returns valid chat messages")
         if not isinstance(obs.tools, list) or not obs.tools:
             raise EnvCheckError("reset().tools must be a non-empty list of tool specs")
@@ -205,7 +215,9 @@ async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
                 raise EnvCheckError(f"step must return a StepResult; got {type(result).__name__}")
             _check_messages(result.observation, "step().observation")
             if not result.done and not result.observation:
-                raise EnvCheckError("step answered a malformed call with no observation; tell the agent what was wrong")
+                raise EnvCheckError(
+                    "step answered a malformed call with no observation; tell the agent what was wrong"
+                )
             if not isinstance(result.reward, int | float) or not isinstance(result.done, bool):
                 raise EnvCheckError("StepResult.reward must be a number and StepResult.done a bool")
             if result.done:

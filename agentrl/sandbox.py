@@ -93,6 +93,33 @@ def cut_output(data: bytes, cap: int) -> tuple[str, bool]:
     return join_cut(data[: cap // 2], data[len(data) - (cap - cap // 2) :], len(data)), True
 
 
+# Shell snippets shared by the backends. The workspace is a git repository whose start commit is
+# the baseline of ``diff`` (an empty workspace gets one, so that new files show up).
+WORKSPACE_SETUP = (
+    "git rev-parse -q --verify HEAD >/dev/null 2>&1 || "
+    "{ git init -q && git add -A && git -c user.name=agentrl -c user.email=agentrl@localhost "
+    "commit -q --allow-empty -m 'agentrl: workspace at start'; } "
+    "&& git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum"
+)
+
+
+def diff_script(base: str, paths: list[str] | None = None) -> str:
+    """Shell that prints ``git diff`` of the work tree (untracked files included) against ``base``.
+
+    It stages into a fresh temporary index built from ``base``, so the agent's own index is left
+    alone and no cached stat data can hide an edit (a copied index would: git's "racily clean"
+    check compares file times with the index file's time, and a same-size edit made in the same
+    second as the baseline commit would look unchanged).
+    """
+    quoted = " ".join("'" + p.replace("'", "'\\''") + "'" for p in (paths or []))
+    return (
+        'idx=$(mktemp -u) && export GIT_INDEX_FILE="$idx" && '
+        f"git read-tree {base} && git add -A && "
+        f"git diff --cached --binary --no-ext-diff --no-textconv {base} -- {quoted} "
+        "':(exclude,glob)**/__pycache__/**'; rc=$?; rm -f \"$idx\"; exit $rc"
+    )
+
+
 def check_command(cmd: object, timeout: object) -> None:
     if not isinstance(cmd, str):
         raise TypeError(

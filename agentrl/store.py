@@ -2,7 +2,8 @@
 
 Layout: ``PATH/<writer>-<NNNNN>.jsonl.gz``. Each record is one JSON line compressed as its own
 gzip member and written with a single ``write``; concatenated members are a valid gzip file, so
-``datasets.load_dataset("json", data_files=f"{PATH}/*.jsonl.gz")`` reads a store directly.
+``datasets.load_dataset("json", data_files=f"{PATH}/*.jsonl.gz")`` reads a store directly (its
+JSON reader parses floats to about 10 significant digits; ``TrajectoryStore.read`` is exact).
 
 Crash safety: a process killed while writing (``kill -9``, power loss after the page cache)
 leaves at most one partial member at the end of the shard it was writing. Readers skip it; a
@@ -54,7 +55,14 @@ def _complete_records(data: bytes) -> Iterator[tuple[int, bytes]]:
 class TrajectoryStore:
     """Append trajectories to, and read them from, a directory of shards."""
 
-    def __init__(self, path: str | os.PathLike, *, writer: str = "w0", max_shard_bytes: int = 64 * 2**20, fsync: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        writer: str = "w0",
+        max_shard_bytes: int = 64 * 2**20,
+        fsync: bool = False,
+    ):
         self.path = Path(path)
         self.writer = writer
         self.max_shard_bytes = max_shard_bytes
@@ -84,9 +92,7 @@ class TrajectoryStore:
         shard = shards[-1] if shards else self.path / f"{self.writer}-00000.jsonl.gz"
         if shard.exists():
             data = shard.read_bytes()
-            good = 0
-            for good, _ in _complete_records(data):
-                pass
+            good = max((end for end, _ in _complete_records(data)), default=0)
             if good != len(data):  # a record cut short by a crash: drop it so appends stay readable
                 os.truncate(shard, good)
         self._shard = shard
@@ -104,10 +110,7 @@ class TrajectoryStore:
         """Write one trajectory (validated first), whole or not at all."""
         if self._fd is None:
             self._open_for_append()
-        if isinstance(trajectory, Trajectory):
-            record = trajectory.validate().to_record()
-        else:
-            record = trajectory
+        record = trajectory.validate().to_record() if isinstance(trajectory, Trajectory) else trajectory
         line = json.dumps(record, allow_nan=False, separators=(",", ":")).encode() + b"\n"
         member = gzip.compress(line, compresslevel=6, mtime=0)
         if self._size and self._size + len(member) > self.max_shard_bytes:
@@ -115,7 +118,9 @@ class TrajectoryStore:
         written = os.write(self._fd, member)
         if written != len(member):  # a short write (disk full): undo it rather than leave half a record
             os.ftruncate(self._fd, self._size)
-            raise OSError(f"short write to {self._shard} ({written} of {len(member)} bytes); is the disk full?")
+            raise OSError(
+                f"short write to {self._shard} ({written} of {len(member)} bytes); is the disk full?"
+            )
         self._size += written
         if self.fsync:
             os.fsync(self._fd)

@@ -23,7 +23,9 @@ from typing import Any
 # --- specs ------------------------------------------------------------------------------------
 
 
-def function_spec(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def function_spec(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> dict[str, Any]:
     """An OpenAI-style tool spec (what chat templates take as ``tools=``)."""
     return {
         "type": "function",
@@ -68,7 +70,11 @@ CODING_TOOLS = [BASH, EDITOR, SUBMIT]
 
 def spec_problems(spec: Any) -> list[str]:
     """What is wrong with a tool spec (empty when valid): the shape chat templates and parsers rely on."""
-    if not isinstance(spec, dict) or spec.get("type") != "function" or not isinstance(spec.get("function"), dict):
+    if (
+        not isinstance(spec, dict)
+        or spec.get("type") != "function"
+        or not isinstance(spec.get("function"), dict)
+    ):
         return [f"a tool spec must be {{'type': 'function', 'function': {{...}}}}; got {str(spec)[:120]}"]
     fn = spec["function"]
     problems = []
@@ -106,7 +112,13 @@ class ToolCall:
     raw: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "arguments": self.arguments, "id": self.id, "error": self.error, "raw": self.raw}
+        return {
+            "name": self.name,
+            "arguments": self.arguments,
+            "id": self.id,
+            "error": self.error,
+            "raw": self.raw,
+        }
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -184,7 +196,9 @@ def parse_hermes(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
         raw = match.group(0)
         call_id = f"call_{i}"
         if not match.group(0).endswith("</tool_call>"):
-            calls.append(ToolCall("", id=call_id, raw=raw, error="the tool call is not closed with </tool_call>."))
+            calls.append(
+                ToolCall("", id=call_id, raw=raw, error="the tool call is not closed with </tool_call>.")
+            )
             continue
         try:
             obj = json.loads(body)
@@ -200,17 +214,23 @@ def parse_hermes(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
             )
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(ToolCall("", id=call_id, raw=raw, error='the tool call must be a JSON object with a "name".'))
+            calls.append(
+                ToolCall("", id=call_id, raw=raw, error='the tool call must be a JSON object with a "name".')
+            )
             continue
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):  # some models double-encode the arguments
             try:
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError as e:
-                calls.append(ToolCall(obj["name"], id=call_id, raw=raw, error=f"arguments are {_json_error(args, e)}."))
+                calls.append(
+                    ToolCall(obj["name"], id=call_id, raw=raw, error=f"arguments are {_json_error(args, e)}.")
+                )
                 continue
         if not isinstance(args, dict):
-            calls.append(ToolCall(obj["name"], id=call_id, raw=raw, error='"arguments" must be a JSON object.'))
+            calls.append(
+                ToolCall(obj["name"], id=call_id, raw=raw, error='"arguments" must be a JSON object.')
+            )
             continue
         calls.append(validate_call(ToolCall(obj["name"], args, id=call_id, raw=raw), tools))
     content = _BLOCK.sub("", text).strip()
@@ -222,12 +242,16 @@ _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>"
 
 def parse_glm(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
     """``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>``."""
-    schemas = {t["function"]["name"]: t["function"].get("parameters", {}).get("properties", {}) for t in tools}
+    schemas = {
+        t["function"]["name"]: t["function"].get("parameters", {}).get("properties", {}) for t in tools
+    }
     calls = []
     for i, match in enumerate(_BLOCK.finditer(text)):
         body, raw, call_id = match.group(1), match.group(0), f"call_{i}"
         if not raw.endswith("</tool_call>"):
-            calls.append(ToolCall("", id=call_id, raw=raw, error="the tool call is not closed with </tool_call>."))
+            calls.append(
+                ToolCall("", id=call_id, raw=raw, error="the tool call is not closed with </tool_call>.")
+            )
             continue
         name = body.split("<arg_key>", 1)[0].strip()
         rest = body[len(body.split("<arg_key>", 1)[0]) :]
@@ -246,16 +270,40 @@ def parse_glm(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
         if not name:
             error = "the tool call has no tool name before its first <arg_key>."
         elif leftover:
-            error = (
-                f"could not read {leftover[:80]!r}; write each argument as <arg_key>NAME</arg_key><arg_value>VALUE</arg_value>."
-            )
+            error = f"could not read {leftover[:80]!r}; write each argument as <arg_key>NAME</arg_key><arg_value>VALUE</arg_value>."
         call = ToolCall(name, args, id=call_id, raw=raw, error=error)
         calls.append(validate_call(call, tools))
     content = _BLOCK.sub("", text).strip()
     return ParsedTurn(content, calls)
 
 
-PARSERS: dict[str, Callable[[str, list[dict[str, Any]]], ParsedTurn]] = {"hermes": parse_hermes, "glm": parse_glm}
+def render_hermes(calls: list[ToolCall]) -> str:
+    """Tool calls as a Hermes/Qwen model writes them (the inverse of ``parse_hermes``)."""
+    return "\n".join(
+        "<tool_call>\n"
+        + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+        + "\n</tool_call>"
+        for c in calls
+    )
+
+
+def render_glm(calls: list[ToolCall]) -> str:
+    """Tool calls as a GLM-4.5/5 model writes them (the inverse of ``parse_glm``)."""
+    out = []
+    for c in calls:
+        args = "".join(
+            f"<arg_key>{k}</arg_key><arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>"
+            for k, v in c.arguments.items()
+        )
+        out.append(f"<tool_call>{c.name}{args}</tool_call>")
+    return "\n".join(out)
+
+
+RENDERERS: dict[str, Callable[[list[ToolCall]], str]] = {"hermes": render_hermes, "glm": render_glm}
+PARSERS: dict[str, Callable[[str, list[dict[str, Any]]], ParsedTurn]] = {
+    "hermes": parse_hermes,
+    "glm": parse_glm,
+}
 
 
 def get_parser(name: str) -> Callable[[str, list[dict[str, Any]]], ParsedTurn]:
@@ -309,7 +357,10 @@ class CodingTools:
                 text += "\n[the sandbox died while running this command]"
             text = truncate(text, self.max_output_chars)
             return ToolResult(
-                f"{text}\n[exit code {r.exit_code}]", r.exit_code, timed_out=r.timed_out, sandbox_died=r.sandbox_died
+                f"{text}\n[exit code {r.exit_code}]",
+                r.exit_code,
+                timed_out=r.timed_out,
+                sandbox_died=r.sandbox_died,
             )
         if call.name == "str_replace_editor":
             try:
@@ -370,13 +421,16 @@ class CodingTools:
         await self.sandbox.write_file(path, new)
         if command == "create":
             return f"created {path} ({len(new)} bytes)"
-        return f"edited {path}; the changed region now reads:\n" + _excerpt(new.decode(), kw.get("new_str", ""))
+        return f"edited {path}; the changed region now reads:\n" + _excerpt(
+            new.decode(), kw.get("new_str", "")
+        )
 
     async def _view(self, path: str, view_range: list[int] | None) -> str:
         data = await self._read(path)
         if data is None:
             r = await self.sandbox.exec(
-                f"test -d {_quote(path)} && find {_quote(path)} -maxdepth 2 -not -path '*/.*' | sort", timeout=30
+                f"test -d {_quote(path)} && find {_quote(path)} -maxdepth 2 -not -path '*/.*' | sort",
+                timeout=30,
             )
             if r.exit_code != 0:
                 raise FileNotFoundError(f"{path} does not exist")

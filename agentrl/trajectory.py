@@ -104,11 +104,17 @@ class Trajectory:
             if m not in (0, 1):
                 raise TrajectoryError(f"loss_mask[{i}] = {m!r}; it must be 0 or 1")
             if m == 1 and not assistant[i]:
-                raise TrajectoryError(f"loss_mask[{i}] is 1 outside an assistant span (token {self.input_ids[i]})")
+                raise TrajectoryError(
+                    f"loss_mask[{i}] is 1 outside an assistant span (token {self.input_ids[i]})"
+                )
             if m == 1 and not (isinstance(lp, int | float) and math.isfinite(lp) and lp <= 0.0):
-                raise TrajectoryError(f"rollout_logprobs[{i}] = {lp!r} at a trainable token; it must be finite and <= 0")
+                raise TrajectoryError(
+                    f"rollout_logprobs[{i}] = {lp!r} at a trainable token; it must be finite and <= 0"
+                )
             if m == 0 and lp != 0.0:
-                raise TrajectoryError(f"rollout_logprobs[{i}] = {lp!r} at a non-trainable token; it must be 0.0")
+                raise TrajectoryError(
+                    f"rollout_logprobs[{i}] = {lp!r} at a non-trainable token; it must be 0.0"
+                )
         return self
 
     # -- serialisation --

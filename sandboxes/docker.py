@@ -44,10 +44,19 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from agentrl.sandbox import ExecResult, SandboxDied, SandboxError, check_command, cut_output, join_cut
+from agentrl.sandbox import (
+    WORKSPACE_SETUP,
+    ExecResult,
+    SandboxDied,
+    SandboxError,
+    check_command,
+    cut_output,
+    diff_script,
+    join_cut,
+)
+from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE
 
 log = logging.getLogger(__name__)
 
@@ -306,12 +315,7 @@ class DockerSandbox:
         _install_cleanup_handlers()
         self._client = await self._call(client_for, self.config.docker_host)
         await self._call(self._create_and_start)
-        setup = await self.exec(
-            "git rev-parse -q --verify HEAD >/dev/null 2>&1 || "
-            "{ git init -q && git add -A && git commit -q --allow-empty -m 'agentrl: workspace at start'; } "
-            "&& git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum",
-            timeout=120,
-        )
+        setup = await self.exec(WORKSPACE_SETUP, timeout=120)
         if setup.exit_code != 0:
             await self.close()
             raise SandboxError(
@@ -657,13 +661,7 @@ class DockerSandbox:
     async def diff(self, base: str | None = None) -> str:
         """``git diff`` of the workspace against ``base`` (default: the workspace at start), untracked files included."""
         base = base or self.base_commit
-        result = await self.exec(
-            'idx=$(mktemp) && cp .git/index "$idx" 2>/dev/null; export GIT_INDEX_FILE="$idx"; '
-            f"git add -A && git diff --cached --binary --no-ext-diff --no-textconv {base}; rc=$?; "
-            'rm -f "$idx"; exit $rc',
-            timeout=120,
-            output_cap=256 * 2**20,
-        )
+        result = await self.exec(diff_script(base), timeout=120, output_cap=256 * 2**20)
         if result.exit_code != 0:
             raise SandboxError(f"git diff in {self.workdir} failed: {result.output.strip()[-500:]}")
         return result.output

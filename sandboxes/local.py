@@ -40,25 +40,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl.sandbox import WORKSPACE_SETUP, ExecResult, SandboxError, check_command, diff_script, join_cut
 from agentrl.sandboxes.docker import parse_size
-
-from agentrl.sandbox import ExecResult, SandboxError, check_command, join_cut
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
 SANDBOX_UID = 1000
-
-WORKSPACE_SETUP = (
-    "git rev-parse -q --verify HEAD >/dev/null 2>&1 || "
-    "{ git init -q && git add -A && git -c user.name=agentrl -c user.email=agentrl@localhost "
-    "commit -q --allow-empty -m 'agentrl: workspace at start'; } "
-    "&& git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum"
-)
-DIFF = (
-    'idx=$(mktemp) && cp .git/index "$idx" 2>/dev/null; export GIT_INDEX_FILE="$idx"; '
-    'git add -A && git diff --cached --binary --no-ext-diff --no-textconv "$AGENTRL_BASE"; rc=$?; '
-    'rm -f "$idx"; exit $rc'
-)
 
 
 def bwrap_works() -> tuple[bool, str]:
@@ -399,9 +386,7 @@ class LocalSandbox:
             shutil.copy2(source, target)
 
     async def diff(self, base: str | None = None) -> str:
-        result = await self.exec(
-            DIFF, timeout=120, env={"AGENTRL_BASE": base or self.base_commit}, output_cap=256 * 2**20
-        )
+        result = await self.exec(diff_script(base or self.base_commit), timeout=120, output_cap=256 * 2**20)
         if result.exit_code != 0:
             raise SandboxError(f"git diff in {self.workdir} failed: {result.output.strip()[-500:]}")
         return result.output

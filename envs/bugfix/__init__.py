@@ -20,7 +20,7 @@ from typing import Any
 
 from agentrl.env import Observation, StepResult, Task
 from agentrl.envs.bugfix.generator import SPLITS, BugfixTask, describe, generate
-from agentrl.sandbox import make_sandbox
+from agentrl.sandbox import diff_script, make_sandbox
 from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
 
 SYSTEM_PROMPT = (
@@ -85,7 +85,9 @@ class BugfixEnv:
 
     # -- tasks --
     def task(self, split: str, index: int) -> Task:
-        spec = generate(split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed)
+        spec = generate(
+            split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed
+        )
         return Task(spec.id, {"split": split, "index": index})
 
     def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
@@ -100,7 +102,9 @@ class BugfixEnv:
             raise ValueError(
                 f"bugfix task {task.id!r} needs data {{'split': 'train'|'test', 'index': int}}; got {task.data!r}"
             ) from None
-        return generate(split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed)
+        return generate(
+            split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed
+        )
 
     # -- episode --
     async def reset(self, task: Task) -> Observation:
@@ -134,7 +138,9 @@ class BugfixEnv:
 
     async def step(self, tool_calls: list[ToolCall]) -> StepResult:
         if self.sandbox is None or self._done:
-            raise RuntimeError("step() called before reset() or after the episode ended; call reset(task) first")
+            raise RuntimeError(
+                "step() called before reset() or after the episode ended; call reset(task) first"
+            )
         self._turns += 1
         observation, records = [], []
         submitted = False
@@ -158,7 +164,9 @@ class BugfixEnv:
                     return await self._finish(records, errors, "env_error")
             record.update(output=output, exit_code=exit_code)
             records.append(record)
-            observation.append({"role": "tool", "content": output, "name": call.name or "invalid", "tool_call_id": call.id})
+            observation.append(
+                {"role": "tool", "content": output, "name": call.name or "invalid", "tool_call_id": call.id}
+            )
             if submitted:
                 break
         if submitted:
@@ -174,7 +182,9 @@ class BugfixEnv:
     async def _finish(self, records, errors, status) -> StepResult:
         self._done = True
         reward = await self.grade()
-        return StepResult([], reward, True, {"tool_calls": records, "tool_call_errors": errors, "status": status})
+        return StepResult(
+            [], reward, True, {"tool_calls": records, "tool_call_errors": errors, "status": status}
+        )
 
     async def grade(self) -> float:
         """1.0 when the task's whole suite passes with the agent's source edits applied to a clean task checkout."""
@@ -182,18 +192,20 @@ class BugfixEnv:
             raise RuntimeError("grade() needs a reset() first")
         package = self.spec.package
         script = (
-            "export PYTHONDONTWRITEBYTECODE=1; "
-            "idx=$(mktemp) && cp .git/index $idx && GIT_INDEX_FILE=$idx git add -A && "
-            f"GIT_INDEX_FILE=$idx git diff --cached --binary --no-ext-diff {self._base} -- '{package}/' "
-            "':(exclude,glob)**/__pycache__/**' > /tmp/agent.patch; "
-            f"rm -f $idx; git reset -q --hard {self._base} && git clean -qffdx && "
+            f"( {diff_script(self._base, [package + '/'])} ) > /tmp/agent.patch && "
+            f"git reset -q --hard {self._base} && git clean -qffdx && "
             "{ test ! -s /tmp/agent.patch || git apply /tmp/agent.patch; } && "
             "python3 -m pytest -q -p no:cacheprovider tests > /tmp/grade.log 2>&1; rc=$?; tail -n 5 /tmp/grade.log; exit $rc"
         )
         r = await self.sandbox.exec(script, timeout=120)
         match = _PASSED.findall(r.output)
         passed = int(match[-1]) if match else 0
-        ok = r.exit_code == 0 and "failed" not in r.output and "error" not in r.output.lower() and passed == self.spec.n_tests
+        ok = (
+            r.exit_code == 0
+            and "failed" not in r.output
+            and "error" not in r.output.lower()
+            and passed == self.spec.n_tests
+        )
         return 1.0 if ok else 0.0
 
     async def _close_sandbox(self) -> None:

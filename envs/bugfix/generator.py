@@ -20,7 +20,14 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-BUG_KINDS = ("wrong_operator", "off_by_one", "wrong_constant", "swapped_args", "missing_edge_case", "wrong_comparison")
+BUG_KINDS = (
+    "wrong_operator",
+    "off_by_one",
+    "wrong_constant",
+    "swapped_args",
+    "missing_edge_case",
+    "wrong_comparison",
+)
 SPLITS = ("train", "test")
 PACKAGES = ("toolkit", "calc", "helpers", "mylib", "utilkit", "corelib", "numkit", "basics")
 MODULES = ("mathops", "stats", "text_utils", "units", "scoring", "series", "finance", "measures", "sequences")
@@ -68,9 +75,7 @@ def t_sum_to(rng):
 def t_clamp(rng):
     name = _pick(rng, ("clamp", "bound", "limit", "clip_value"))
     lo, hi = rng.randint(-10, 0), rng.randint(5, 20)
-    code = (
-        f"def {name}(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
-    )
+    code = f"def {name}(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
     tests = [
         f"assert {name}({lo - 3}, {lo}, {hi}) == {lo}",
         f"assert {name}({hi + 4}, {lo}, {hi}) == {hi}",
@@ -91,7 +96,11 @@ def t_linear(rng):
     name = _pick(rng, ("convert", "to_units", "calibrate", "rescale"))
     a, b = rng.randint(2, 9), rng.randint(3, 40)
     code = f"def {name}(value):\n    return value * {a} + {b}\n"
-    tests = [f"assert {name}(0) == {b}", f"assert {name}(10) == {10 * a + b}", f"assert {name}(-2) == {-2 * a + b}"]
+    tests = [
+        f"assert {name}(0) == {b}",
+        f"assert {name}(10) == {10 * a + b}",
+        f"assert {name}(-2) == {-2 * a + b}",
+    ]
     return Function(
         name,
         code,
@@ -104,13 +113,20 @@ def t_safe_divide(rng):
     name = _pick(rng, ("safe_divide", "divide_or", "checked_ratio", "div_default"))
     d = rng.randint(-9, -1)
     code = f"def {name}(a, b, default={d}):\n    if b == 0:\n        return default\n    return a / b\n"
-    tests = [f"assert {name}(9, 3) == 3", f"assert {name}(5, 0) == {d}", f"assert {name}(1, 0, default=7) == 7"]
+    tests = [
+        f"assert {name}(9, 3) == 3",
+        f"assert {name}(5, 0) == {d}",
+        f"assert {name}(1, 0, default=7) == 7",
+    ]
     return Function(
         name,
         code,
         tests,
         {
-            "missing_edge_case": ("    if b == 0:\n        return default\n    return a / b", "    return a / b"),
+            "missing_edge_case": (
+                "    if b == 0:\n        return default\n    return a / b",
+                "    return a / b",
+            ),
             "swapped_args": ("return a / b", "return b / a"),
         },
     )
@@ -139,13 +155,20 @@ def t_percent(rng):
 def t_last_n(rng):
     name = _pick(rng, ("last_n", "tail", "take_last", "most_recent"))
     code = f"def {name}(items, n):\n    if n <= 0:\n        return []\n    return items[-n:]\n"
-    tests = [f"assert {name}([1, 2, 3, 4], 2) == [3, 4]", f"assert {name}([1, 2, 3], 0) == []", f"assert {name}([], 3) == []"]
+    tests = [
+        f"assert {name}([1, 2, 3, 4], 2) == [3, 4]",
+        f"assert {name}([1, 2, 3], 0) == []",
+        f"assert {name}([], 3) == []",
+    ]
     return Function(
         name,
         code,
         tests,
         {
-            "missing_edge_case": ("    if n <= 0:\n        return []\n    return items[-n:]", "    return items[-n:]"),
+            "missing_edge_case": (
+                "    if n <= 0:\n        return []\n    return items[-n:]",
+                "    return items[-n:]",
+            ),
             "off_by_one": ("items[-n:]", "items[-n + 1:]"),
         },
     )
@@ -193,8 +216,14 @@ def t_argmax(rng):
 def t_average(rng):
     name = _pick(rng, ("average", "mean", "mean_of", "avg"))
     vals = [rng.randint(1, 9) * 2 for _ in range(3)]
-    code = f"def {name}(values):\n    if not values:\n        return 0.0\n    return sum(values) / len(values)\n"
-    tests = [f"assert {name}({vals}) == {sum(vals) / 3!r}", f"assert {name}([]) == 0.0", f"assert {name}([5]) == 5"]
+    code = (
+        f"def {name}(values):\n    if not values:\n        return 0.0\n    return sum(values) / len(values)\n"
+    )
+    tests = [
+        f"assert {name}({vals}) == {sum(vals) / 3!r}",
+        f"assert {name}([]) == 0.0",
+        f"assert {name}([5]) == 5",
+    ]
     return Function(
         name,
         code,
@@ -213,7 +242,10 @@ def t_fit_width(rng):
     name = _pick(rng, ("fit_width", "pad_to", "fixed_width", "left_justify"))
     w = rng.randint(4, 8)
     code = f"def {name}(text, width, fill='.'):\n    return text[:width].ljust(width, fill)\n"
-    tests = [f"assert {name}('ab', {w}) == 'ab' + '.' * {w - 2}", f"assert {name}('x' * {w + 3}, {w}) == 'x' * {w}"]
+    tests = [
+        f"assert {name}('ab', {w}) == 'ab' + '.' * {w - 2}",
+        f"assert {name}('x' * {w + 3}, {w}) == 'x' * {w}",
+    ]
     return Function(name, code, tests, {"swapped_args": ("ljust(width, fill)", "ljust(fill, width)")})
 
 
@@ -222,12 +254,18 @@ def t_discount(rng):
     pct = rng.choice((10, 20, 25, 50))
     price = rng.choice((40, 80, 200))
     code = f"def {name}(price, percent):\n    return price * (100 - percent) / 100\n"
-    tests = [f"assert {name}({price}, {pct}) == {price * (100 - pct) / 100!r}", f"assert {name}({price}, 0) == {price}"]
+    tests = [
+        f"assert {name}({price}, {pct}) == {price * (100 - pct) / 100!r}",
+        f"assert {name}({price}, 0) == {price}",
+    ]
     return Function(
         name,
         code,
         tests,
-        {"wrong_constant": ("(100 - percent) / 100", "(100 - percent) / 10"), "wrong_operator": ("100 - percent", "100 + percent")},
+        {
+            "wrong_constant": ("(100 - percent) / 100", "(100 - percent) / 10"),
+            "wrong_operator": ("100 - percent", "100 + percent"),
+        },
     )
 
 
@@ -360,7 +398,9 @@ def split_of(content_hash: str) -> str:
     return "test" if int(content_hash[:8], 16) < 0x19999999 else "train"  # first tenth of the hash space
 
 
-def generate(split: str, index: int, *, n_modules: int = 2, n_distractors: int = 2, seed: int = 0) -> BugfixTask:
+def generate(
+    split: str, index: int, *, n_modules: int = 2, n_distractors: int = 2, seed: int = 0
+) -> BugfixTask:
     """Task ``index`` of ``split``; the same arguments always give the same task.
 
     ``n_modules`` source modules, each with ``1 + n_distractors`` functions (one of all of them buggy).
@@ -390,7 +430,11 @@ def generate(split: str, index: int, *, n_modules: int = 2, n_distractors: int =
 def describe(task: BugfixTask, name_failing_test: bool) -> str:
     hint = ""
     if name_failing_test:
-        hint = f" The failing test{'s are' if len(task.failing_tests) > 1 else ' is'}: " + ", ".join(task.failing_tests) + "."
+        hint = (
+            f" The failing test{'s are' if len(task.failing_tests) > 1 else ' is'}: "
+            + ", ".join(task.failing_tests)
+            + "."
+        )
     return textwrap.dedent(
         f"""\
         The test suite of the `{task.package}` package in this repository fails: there is one bug in the

@@ -73,6 +73,7 @@ def test_gc_keeps_containers_of_live_processes():
 
 def test_only_transient_daemon_errors_are_retried():
     import docker
+
     from agentrl.sandboxes.docker import _retry, _transient
 
     assert _transient(requests.exceptions.ConnectionError("reset by peer"))

@@ -1,0 +1,158 @@
+"""bugfix-v0 on both sandbox backends: the expert earns 1, doing nothing or editing the tests earns 0."""
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from agentrl.env import make
+from agentrl.envs.bugfix import expert_turns
+from agentrl.envs.bugfix.generator import BUG_KINDS, _run_tests, generate
+from agentrl.tools import CODING_TOOLS, ToolCall, parse_hermes, render_hermes
+from tests.conftest import require_docker
+
+
+@pytest.fixture(params=["local", "docker"])
+def backend(request):
+    if request.param == "docker":
+        require_docker()
+    return request.param
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_thousands_of_distinct_tasks_and_disjoint_splits():
+    train = [generate("train", i) for i in range(2000)]
+    test = [generate("test", i) for i in range(200)]
+    train_hashes = {t.content_hash for t in train}
+    assert len(train_hashes) == 2000 and len({t.id for t in train}) == 2000
+    assert not train_hashes & {t.content_hash for t in test}
+    assert set(Counter(t.bug_kind for t in train)) == set(BUG_KINDS)
+    assert generate("train", 7) == generate("train", 7)  # deterministic
+    with pytest.raises(ValueError, match="split must be one of"):
+        generate("valid", 0)
+
+
+@pytest.mark.parametrize("n_modules,n_distractors", [(1, 0), (2, 2), (3, 3)])
+def test_every_task_fails_as_given_and_passes_with_the_fix(n_modules, n_distractors):
+    for i in range(60):
+        task = generate("train", i, n_modules=n_modules, n_distractors=n_distractors)
+        package = task.package
+        sources = {
+            p.split("/")[1][:-3]: c
+            for p, c in task.files.items()
+            if p.startswith(f"{package}/") and "__init__" not in p
+        }
+        tests = {p.split("/")[1][5:-3]: c for p, c in task.files.items() if p.startswith("tests/test_")}
+        assert len(sources) == n_modules
+        assert task.n_tests == sum(c.count("\ndef test_") for c in tests.values())
+        assert _run_tests(sources, tests)  # the bug shows
+        module = task.fix["path"].split("/")[1][:-3]
+        sources[module] = sources[module].replace(task.fix["old"], task.fix["new"])
+        assert _run_tests(sources, tests) == []  # the fix fixes it
+
+
+def expert_episode(env, task, fmt_through_parser=True):
+    async def go():
+        await env.reset(task)
+        result = None
+        for calls in expert_turns(env.spec):
+            if fmt_through_parser:  # as a model would write them, through the Hermes parser
+                calls = parse_hermes(render_hermes(calls), CODING_TOOLS).calls
+            result = await env.step(calls)
+        return result
+
+    return go()
+
+
+def test_expert_solves_and_nothing_fails_on_both_backends(backend):
+    async def go():
+        env = make("bugfix-v0", sandbox=backend)
+        try:
+            for task in env.tasks("train", 3) + env.tasks("test", 1):
+                result = await expert_episode(env, task)
+                assert result.done and result.reward == 1.0 and result.info["status"] == "completed", task.id
+                await env.reset(task)
+                result = await env.step([ToolCall("submit", {})])
+                assert result.done and result.reward == 0.0
+        finally:
+            await env.close()
+
+    run(go())
+
+
+def test_editing_the_tests_earns_nothing(backend):
+    async def go():
+        env = make("bugfix-v0", sandbox=backend)
+        task = env.task("train", 1)
+        try:
+            await env.reset(task)
+            spec = env.spec
+            # Rewrite every test to pass, add a conftest that skips everything, then submit.
+            for path in spec.test_files:
+                if "__init__" not in path:
+                    await env.sandbox.write_file(path, "def test_ok():\n    assert True\n")
+            await env.sandbox.write_file(
+                "conftest.py",
+                "import pytest\n\ndef pytest_collection_modifyitems(items):\n    items.clear()\n",
+            )
+            r = await env.sandbox.exec("python3 -m pytest -q", timeout=60)
+            assert r.exit_code in (0, 5)  # the hack "works" in the workspace...
+            result = await env.step([ToolCall("submit", {})])
+            assert result.reward == 0.0  # ...and earns nothing
+            # The real fix plus the test hack still earns 1: only the hack is dropped.
+            await env.reset(task)
+            fix = env.spec.fix
+            await env.step(
+                [
+                    ToolCall(
+                        "str_replace_editor",
+                        {
+                            "command": "str_replace",
+                            "path": fix["path"],
+                            "old_str": fix["old"],
+                            "new_str": fix["new"],
+                        },
+                    )
+                ]
+            )
+            await env.sandbox.write_file(env.spec.test_files[-1], "def test_extra():\n    assert False\n")
+            result = await env.step([ToolCall("submit", {})])
+            assert result.reward == 1.0
+        finally:
+            await env.close()
+
+    run(go())
+
+
+def test_malformed_calls_no_calls_and_turn_budget():
+    async def go():
+        env = make("bugfix-v0", sandbox="local", max_turns=3, name_failing_test=False)
+        try:
+            obs = await env.reset(env.task("train", 2))
+            assert "failing test" not in obs.messages[-1]["content"]
+            turn = parse_hermes(
+                '<tool_call>{"name": "bash", "arguments": {"command": "ls"</tool_call>', CODING_TOOLS
+            )
+            result = await env.step(turn.calls)
+            assert not result.done and result.info["tool_call_errors"] == 1
+            assert result.observation[0]["content"].startswith("error: invalid JSON")
+            result = await env.step([])
+            assert not result.done and result.observation[-1]["role"] == "user"  # a reminder
+            result = await env.step([ToolCall("bash", {"command": "true"})])
+            assert result.done and result.info["status"] == "max_turns" and result.reward == 0.0
+        finally:
+            await env.close()
+        env = make("bugfix-v0", sandbox="local", on_no_tool_call="end")
+        try:
+            await env.reset(env.task("train", 2))
+            result = await env.step([])
+            assert result.done and result.reward == 0.0
+        finally:
+            await env.close()
+        with pytest.raises(ValueError, match="on_no_tool_call must be 'end' or 'remind'"):
+            make("bugfix-v0", on_no_tool_call="ignore")
+
+    run(go())

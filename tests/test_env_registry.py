@@ -1,0 +1,126 @@
+import sys
+import textwrap
+
+import pytest
+
+import agentrl.env as env_module
+from agentrl.env import (
+    EnvCheckError,
+    Observation,
+    StepResult,
+    Task,
+    check_env,
+    list_envs,
+    make,
+    register,
+    spec,
+)
+from agentrl.tools import BASH
+from tests.conftest import DOCKER_OK
+
+
+class EchoEnv:
+    """A minimal well-behaved env used to test the registry and the checker."""
+
+    deterministic = True
+
+    def __init__(self, greeting="hello", broken=None):
+        self.greeting, self.broken, self.closed = greeting, broken, 0
+
+    def task(self, split, index):
+        return Task(f"{split}-{index}", {"index": index})
+
+    async def reset(self, task):
+        if self.broken == "nondeterministic":
+            self.greeting += "!"
+        messages = [{"role": "user", "content": f"{self.greeting} {task.id}"}]
+        if self.broken == "bad_message":
+            messages.append({"role": "robot", "content": "x"})
+        tools = [BASH] if self.broken != "bad_spec" else [{"type": "function", "function": {"name": "x"}}]
+        return Observation(messages, tools)
+
+    async def step(self, tool_calls):
+        if self.broken == "raises" and tool_calls and tool_calls[0].error:
+            raise RuntimeError("cannot parse")
+        return StepResult(
+            [{"role": "tool", "content": "error: bad call", "name": "bash", "tool_call_id": "c"}]
+        )
+
+    async def close(self):
+        self.closed += 1
+        if self.broken == "close_twice" and self.closed > 1:
+            raise RuntimeError("already closed")
+
+
+def test_register_make_with_overrides_and_warning():
+    register("echo-v0", entry_point="tests.test_env_registry:EchoEnv", greeting="hi")
+    env = make("echo-v0")
+    assert env.greeting == "hi" and env.id == "echo-v0"
+    assert make("echo-v0", greeting="yo").greeting == "yo"
+    with pytest.warns(UserWarning, match="overriding with"):
+        register("echo-v0", entry_point="tests.test_env_registry:Other")
+    with pytest.warns(UserWarning):
+        register("echo-v0", entry_point="tests.test_env_registry:EchoEnv", greeting="hi")
+    assert "echo-v0" in list_envs() and "bugfix-v0" in list_envs()
+    with pytest.raises(ValueError, match="must be versioned like 'name-v0'"):
+        register("echo", entry_point="x:Y")
+
+
+def test_unknown_id_lists_known_and_closest():
+    with pytest.raises(
+        KeyError, match="no environment 'bugfx-v0'. Did you mean 'bugfix-v0'\\? Registered: .*bugfix-v0"
+    ):
+        make("bugfx-v0")
+
+
+def test_entry_point_plugins_register(tmp_path, monkeypatch):
+    pkg = tmp_path / "myplugin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            from agentrl.env import register
+
+            def register_all():
+                register("plugin-echo-v1", entry_point="tests.test_env_registry:EchoEnv", greeting="plugin")
+            """
+        )
+    )
+    dist = tmp_path / "myplugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[agentrl.envs]\nmyplugin = myplugin:register_all\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(env_module, "_plugins_loaded", False)
+    assert "plugin-echo-v1" in list_envs()
+    assert make("plugin-echo-v1").greeting == "plugin"
+    assert spec("plugin-echo-v1").entry_point == "tests.test_env_registry:EchoEnv"
+    sys.modules.pop("myplugin", None)
+
+
+@pytest.mark.parametrize(
+    "broken,message",
+    [
+        ("bad_message", "is not a chat message: each needs a role"),
+        ("bad_spec", "invalid tool spec"),
+        ("raises", "step raised RuntimeError: cannot parse on a malformed tool call"),
+        ("close_twice", "close is not idempotent"),
+        ("nondeterministic", "says it is deterministic, but two resets of the same task differ"),
+    ],
+)
+def test_checker_names_the_likely_cause(broken, message):
+    with pytest.raises(EnvCheckError, match=message):
+        check_env(EchoEnv(broken=broken), Task("t-0"))
+    assert check_env(EchoEnv(), Task("t-0"))[-1] == "close is idempotent"
+
+
+@pytest.mark.parametrize("env_id", sorted(set(list_envs()) - {"echo-v0", "plugin-echo-v1"}))
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_check_env_on_every_registered_env(env_id, backend):
+    if backend == "docker" and not DOCKER_OK:
+        from tests.conftest import require_docker
+
+        require_docker()
+    env = make(env_id, sandbox=backend)
+    passed = check_env(env, env.task("train", 0))
+    assert "malformed tool calls become observations" in passed and "close is idempotent" in passed

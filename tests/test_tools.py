@@ -1,0 +1,175 @@
+import asyncio
+
+import pytest
+
+from agentrl.sandbox import make_sandbox
+from agentrl.tools import (
+    CODING_TOOLS,
+    CodingTools,
+    ToolCall,
+    get_parser,
+    parse_glm,
+    parse_hermes,
+    render_glm,
+    render_hermes,
+    spec_problems,
+    truncate,
+)
+
+
+def test_hermes_several_calls_nested_quotes_and_newlines():
+    text = (
+        "I will look first.\n"
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "grep -n \\"def f\\" a.py\\necho \'done\'"}}\n</tool_call>\n'
+        '<tool_call>{"name": "str_replace_editor", "arguments": {"command": "view", "path": "a.py", '
+        '"view_range": [1, 5]}}</tool_call>'
+    )
+    turn = parse_hermes(text, CODING_TOOLS)
+    assert turn.content == "I will look first."
+    assert [c.name for c in turn.calls] == ["bash", "str_replace_editor"] and turn.errors == 0
+    assert turn.calls[0].arguments["command"] == "grep -n \"def f\" a.py\necho 'done'"
+    assert turn.calls[1].arguments["view_range"] == [1, 5]
+    assert [c.id for c in turn.calls] == ["call_0", "call_1"]
+
+
+@pytest.mark.parametrize(
+    "body,error",
+    [
+        ('{"name": "bash", "arguments": {"command": "ls"}', "invalid JSON"),
+        ('{"arguments": {"command": "ls"}}', 'must be a JSON object with a "name"'),
+        ('{"name": "bash", "arguments": ["ls"]}', '"arguments" must be a JSON object'),
+        ('{"name": "bash", "arguments": "{\\"command\\": 1"}', "arguments are invalid JSON"),
+        (
+            '{"name": "python", "arguments": {"code": "1"}}',
+            "unknown tool 'python'; the available tools are: bash, str_replace_editor, submit",
+        ),
+        ('{"name": "bash", "arguments": {}}', "missing required argument(s) ['command']"),
+        ('{"name": "bash", "arguments": {"command": "ls", "cwd": "/"}}', "unexpected argument(s) ['cwd']"),
+        (
+            '{"name": "bash", "arguments": {"command": 5}}',
+            "argument 'command' must be of type string, got int",
+        ),
+        (
+            '{"name": "str_replace_editor", "arguments": {"command": "delete", "path": "a"}}',
+            "must be one of ['view'",
+        ),
+    ],
+)
+def test_hermes_malformed_calls_become_errors(body, error):
+    turn = parse_hermes(f"<tool_call>{body}</tool_call>", CODING_TOOLS)
+    assert len(turn.calls) == 1 and turn.errors == 1
+    assert error in turn.calls[0].error
+
+
+def test_hermes_double_encoded_arguments_and_unclosed_call():
+    turn = parse_hermes(
+        '<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"ls\\"}"}</tool_call>', CODING_TOOLS
+    )
+    assert turn.calls[0].arguments == {"command": "ls"} and turn.errors == 0
+    turn = parse_hermes('text <tool_call>{"name": "bash", "arguments": {"command": "ls"}}', CODING_TOOLS)
+    assert turn.errors == 1 and "not closed" in turn.calls[0].error
+    assert parse_hermes("no calls here", CODING_TOOLS).calls == []
+
+
+def test_glm_format_with_typed_values():
+    text = (
+        "Let me check.<tool_call>str_replace_editor\n<arg_key>command</arg_key>\n<arg_value>view</arg_value>\n"
+        "<arg_key>path</arg_key>\n<arg_value>pkg/a.py</arg_value>\n<arg_key>view_range</arg_key>\n"
+        "<arg_value>[2, 4]</arg_value>\n</tool_call><tool_call>bash<arg_key>command</arg_key>"
+        '<arg_value>echo "a\nb" | wc -l</arg_value></tool_call>'
+    )
+    turn = parse_glm(text, CODING_TOOLS)
+    assert turn.errors == 0 and turn.content == "Let me check."
+    assert turn.calls[0].arguments == {"command": "view", "path": "pkg/a.py", "view_range": [2, 4]}
+    assert turn.calls[1].arguments == {"command": 'echo "a\nb" | wc -l'}
+
+
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ("<tool_call><arg_key>command</arg_key><arg_value>ls</arg_value></tool_call>", "no tool name"),
+        (
+            "<tool_call>bash<arg_key>command</arg_key><arg_value>ls</arg_value> junk</tool_call>",
+            "could not read 'junk'",
+        ),
+        (
+            "<tool_call>str_replace_editor<arg_key>command</arg_key><arg_value>insert</arg_value><arg_key>path</arg_key>"
+            "<arg_value>a</arg_value><arg_key>insert_line</arg_key><arg_value>two</arg_value></tool_call>",
+            "should be integer",
+        ),
+        ("<tool_call>bash</tool_call>", "missing required argument(s) ['command']"),
+    ],
+)
+def test_glm_malformed(text, error):
+    turn = parse_glm(text, CODING_TOOLS)
+    assert turn.errors == 1 and error in turn.calls[0].error
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "glm"])
+def test_render_then_parse_round_trips(fmt):
+    calls = [
+        ToolCall("bash", {"command": "python3 -c \"print('x')\"\nls"}),
+        ToolCall(
+            "str_replace_editor",
+            {"command": "insert", "path": "a.py", "insert_line": 3, "new_str": "  y = {1: 2}\n"},
+        ),
+        ToolCall("submit", {}),
+    ]
+    text = {"hermes": render_hermes, "glm": render_glm}[fmt](calls)
+    turn = get_parser(fmt)(text, CODING_TOOLS)
+    assert turn.errors == 0
+    assert [(c.name, c.arguments) for c in turn.calls] == [(c.name, c.arguments) for c in calls]
+    with pytest.raises(ValueError, match="unknown tool-call format 'xml'; known formats: hermes, glm"):
+        get_parser("xml")
+
+
+def test_specs_and_truncation():
+    assert all(spec_problems(t) == [] for t in CODING_TOOLS)
+    assert spec_problems({"type": "function", "function": {"name": "x y", "parameters": {"type": "object"}}})
+    assert (
+        "required parameters ['b']"
+        in spec_problems(
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {}, "required": ["b"]},
+                },
+            }
+        )[0]
+    )
+    text = "a" * 50 + "b" * 50
+    cut = truncate(text, 20)
+    assert cut.startswith("a" * 10) and cut.endswith("b" * 10) and "[... 80 characters cut ...]" in cut
+    assert truncate("short", 20) == "short"
+
+
+def test_editor_operations_in_a_sandbox():
+    async def go():
+        async with make_sandbox("local") as sb:
+            tools = CodingTools(sb)
+
+            async def edit(**args):
+                return await tools.run(ToolCall("str_replace_editor", args))
+
+            r = await edit(command="create", path="pkg/a.py", file_text="x = 1\ny = 2\nx = 1\n")
+            assert not r.error and "created pkg/a.py" in r.output
+            r = await edit(command="str_replace", path="pkg/a.py", old_str="x = 1", new_str="x = 3")
+            assert r.error and "occurs 2 times; make it unique" in r.output
+            r = await edit(command="str_replace", path="pkg/a.py", old_str="y = 2", new_str="y = 5")
+            assert not r.error and "y = 5" in r.output
+            r = await edit(command="insert", path="pkg/a.py", insert_line=0, new_str="# top")
+            assert (await sb.read_file("pkg/a.py")).decode() == "# top\nx = 1\ny = 5\nx = 1\n"
+            r = await edit(command="view", path="pkg/a.py", view_range=[2, 3])
+            assert r.output == "     2\tx = 1\n     3\ty = 5"
+            await edit(command="undo_edit", path="pkg/a.py")
+            await edit(command="undo_edit", path="pkg/a.py")
+            assert (await sb.read_file("pkg/a.py")).decode() == "x = 1\ny = 2\nx = 1\n"
+            r = await edit(command="view", path="missing.py")
+            assert r.error and "does not exist" in r.output
+            r = await edit(command="view", path="pkg")
+            assert "pkg/a.py" in r.output
+            r = await tools.run(ToolCall("bash", {"command": "echo hi; exit 3"}))
+            assert r.output == "hi\n\n[exit code 3]" and r.exit_code == 3
+
+    asyncio.run(go())

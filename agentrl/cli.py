@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import agentrl
 
 
 def _quickstart(args: argparse.Namespace) -> int:
     from agentrl import toy
+    from agentrl.rollout.run import load_config, main
 
     print(
         "agentrl quickstart: the PPO trainer on bugfix-v0 does not exist yet, so this runs the most\n"
-        "end-to-end path that does: PPO + critic + GAE over trainable tokens + IcePop (no KL) on a toy\n"
-        "two-turn token task with a tool observation between the turns (agentrl/toy.py), on the CPU."
+        "end-to-end paths that do:\n"
+        "  1. rollout: the tiny chat model drives bugfix-v0 episodes through the agent loop, with tool calls\n"
+        "     in sandboxes (Docker when it is running, else local), into a trajectory store;\n"
+        "  2. PPO + critic + GAE over trainable tokens + IcePop (no KL) on a toy two-turn token task\n"
+        "     with a tool observation between the turns (agentrl/toy.py), on the CPU."
     )
+    from agentrl.envs.bugfix import docker_ready
+
+    sandbox = "docker" if docker_ready() else "local"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "rollout_bugfix_tiny.yaml"
+    overrides = [f"env_args.sandbox={sandbox}", "store=runs/quickstart-rollout"]
+    main(str(recipe) if recipe.exists() else None, overrides)
     result = toy.run(toy.ToyConfig(iterations=args.iterations, seed=args.seed))
     print(
-        f"done: greedy score {result['greedy_score_before']:.3f} -> {result['greedy_score_after']:.3f} "
+        f"done: toy PPO greedy score {result['greedy_score_before']:.3f} -> {result['greedy_score_after']:.3f} "
         f"(fraction of answer tokens right) in {result['train_seconds']:.1f}s"
     )
     return 0
@@ -99,6 +110,17 @@ def _envs_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout(args: argparse.Namespace) -> int:
+    from agentrl.rollout.run import ConfigError, main
+
+    try:
+        main(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl", description="Reinforcement learning for tool-using coding agents."
@@ -135,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("id", help="environment id, e.g. bugfix-v0")
     check.add_argument("--sandbox", choices=["docker", "local"], default=None, help="sandbox backend to use")
     check.set_defaults(func=_envs_check)
+
+    rollout = commands.add_parser("rollout", help="collect trajectories into a store, without training")
+    rollout.add_argument("config", help="YAML file (e.g. recipes/rollout_bugfix_tiny.yaml)")
+    rollout.add_argument("overrides", nargs="*", help="key=value or loop.key=value overrides")
+    rollout.set_defaults(func=_rollout)
     return parser
 
 

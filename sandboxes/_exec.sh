@@ -8,7 +8,8 @@
 #    process that carries this command's marker in its environment (children that moved to a
 #    new session or process group still inherit it);
 #  - reads the cgroup's oom_kill counter before and after;
-#  - prints CMD's output (head and tail only when above CAP bytes), then one trailer line:
+#  - prints CMD's output (head and tail only when above CAP bytes), then one trailer line
+#    (and keeps the same bytes in OUTDIR/NONCE.result for a caller whose stream was lost):
 #    NONCE EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES
 # Builtins are used where a fork would do, to keep the per-command cost low.
 timeout_s=$1 cap=$2 nonce=$3 outdir=$4 cmd=$5
@@ -61,11 +62,17 @@ fi
 read_oom; oom_killed=0
 [ "$oom" -gt "$oom_before" ] && oom_killed=1
 size=$(stat -c %s "$out" 2>/dev/null || echo 0)
-if [ "$size" -gt "$cap" ]; then
-    head -c $((cap / 2)) "$out"
-    tail -c $((cap - cap / 2)) "$out"
-else
-    cat "$out"
-fi
+# The result is kept in a file as well as printed: a heavily loaded daemon has been seen to drop the
+# output of a quick exec, and the caller can then read it back (results older than 10 min are removed).
+{
+    if [ "$size" -gt "$cap" ]; then
+        head -c $((cap / 2)) "$out"
+        tail -c $((cap - cap / 2)) "$out"
+    else
+        cat "$out"
+    fi
+    printf '\n%s %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size"
+} > "$out.result"
 rm -f "$out"
-printf '\n%s %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size"
+cat "$out.result"
+find "$outdir" -name '*.result' -mmin +10 -delete 2>/dev/null

@@ -315,8 +315,11 @@ class DockerSandbox:
         _install_cleanup_handlers()
         self._client = await self._call(client_for, self.config.docker_host)
         await self._call(self._create_and_start)
-        setup = await self.exec(WORKSPACE_SETUP, timeout=120)
-        if setup.exit_code != 0:
+        for _ in range(3):  # idempotent; retried when a loaded daemon drops the exec's output
+            setup = await self.exec(WORKSPACE_SETUP, timeout=120)
+            if setup.exit_code != 0 or len(setup.output.split()) >= 2:
+                break
+        if setup.exit_code != 0 or len(setup.output.split()) < 2:
             await self.close()
             raise SandboxError(
                 f"could not set up the workspace {self.workdir} in image {self.config.image} as user "
@@ -513,6 +516,8 @@ class DockerSandbox:
             raise
         except Exception as e:
             return await self._failed_to_start(e, start)
+        if raw.rfind(b"\n" + nonce.encode() + b" ") < 0 and await self.alive():
+            raw = await self._call(self._recover_output, nonce) or raw
         return await self._parse(raw, nonce, cap, exec_id["Id"], start)
 
     async def _failed_to_start(self, error: Exception, start: float) -> ExecResult:
@@ -536,6 +541,14 @@ class DockerSandbox:
                 info = await self._call(self._client.api.exec_inspect, exec_id)
                 code = info.get("ExitCode") if info.get("ExitCode") is not None else -1
             text, truncated = cut_output(raw, cap)
+            if alive and code == 0:
+                # The runner always ends with its trailer unless killed, and a killed runner does not
+                # exit 0: the daemon lost the stream and the read-back failed too. Say so.
+                log.warning(
+                    "sandbox %s: the output of a command was lost by the Docker daemon",
+                    self.container_id[:12],
+                )
+                text += "\n[agentrl: the command finished, but its output was lost by the Docker daemon]"
             return ExecResult(
                 code,
                 text,
@@ -571,6 +584,25 @@ class DockerSandbox:
         )["Id"]
         output = api.exec_start(exec_id).decode("utf-8", errors="replace")
         return api.exec_inspect(exec_id)["ExitCode"], output
+
+    def _recover_output(self, nonce: str) -> bytes | None:
+        """Read back a result the daemon's stream dropped (the runner keeps a copy); None if absent."""
+        for _ in range(3):
+            try:
+                api = self._client.api
+                exec_id = _retry(api.exec_create)(
+                    self.container_id, ["cat", f"{OUTPUT_DIR}/{nonce}.result"], user="root"
+                )
+                data = api.exec_start(exec_id["Id"])
+            except Exception:
+                return None
+            if data.rfind(b"\n" + nonce.encode() + b" ") >= 0:
+                log.info(
+                    "sandbox %s: read back a command result the daemon's stream dropped",
+                    self.container_id[:12],
+                )
+                return data
+        return None
 
     def _kill_marked(self, nonce: str) -> None:
         """Kill a cancelled command's processes and its runner (best effort).

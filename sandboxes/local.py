@@ -290,6 +290,8 @@ class LocalSandbox:
             raise SandboxError(
                 "the sandbox is not started (use `async with make_sandbox(...) as sb`) or already closed"
             )
+        if not Path(self.workdir).is_dir():
+            return ExecResult(-1, "", sandbox_died=True)  # the workspace is gone
         timeout = float(timeout or self.config.timeout)
         cap = output_cap or self.config.output_cap
         workdir = self._resolve_cwd(cwd)

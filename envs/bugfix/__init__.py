@@ -233,3 +233,10 @@ def expert_turns(spec: BugfixTask) -> list[list[ToolCall]]:
         [ToolCall("bash", {"command": "python3 -m pytest -q"}, id="call_0")],
         [ToolCall("submit", {}, id="call_0")],
     ]
+
+
+def expert_texts(spec: BugfixTask, tool_format: str = "hermes") -> list[str]:
+    """The scripted expert's turns as a model would write them in ``tool_format``."""
+    from agentrl.tools import RENDERERS
+
+    return [RENDERERS[tool_format](calls) for calls in expert_turns(spec)]

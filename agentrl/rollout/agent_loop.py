@@ -1,0 +1,273 @@
+"""One multi-turn episode, token in / token out: what the policy sampled is exactly what is trained on.
+
+    trajectory = await run_episode(env, engine, tokenizer, task, LoopConfig())
+
+- The prompt is rendered once with the tokenizer's chat template (tool specs passed to it).
+- Each turn sends the exact current token ids; the sampled ids are appended as they are (mask 1,
+  the engine's log-probs), the end-of-turn token the model produced included. They are decoded
+  only to parse tool calls, and never replaced by a re-encoding of their text.
+- Observations: only the new part (the template's glue after the assistant turn, the tool
+  messages, the next generation prompt) is tokenised, and appended with mask 0 and log-prob 0.0.
+  Its cost does not grow with the length of the episode.
+- Re-tokenisation drift (``encode(decode(ids)) != ids`` for an assistant turn) is counted in
+  ``trajectory.extra["retokenization_drift_turns"]`` and never hidden by rewriting history.
+- Budgets: per-turn ``max_new_tokens`` clamped to the remaining context; ``max_turns``; a
+  wall-clock ``deadline_s``. Each end sets its status; engine and env failures set theirs; a
+  cancelled episode closes its env and returns its trajectory with status ``aborted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from agentrl.env import AgentEnv, Task
+from agentrl.rollout.engine import Engine, EngineError, SamplingParams
+from agentrl.tools import get_parser
+from agentrl.trajectory import Trajectory, TurnSpan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopConfig:
+    max_turns: int = 20
+    """Assistant turns before the episode ends with status max_turns."""
+    max_context: int = 8192
+    """Tokens the whole episode may hold (prompt, turns, observations)."""
+    max_new_tokens: int = 1024
+    """Per-turn generation budget, clamped to what is left of max_context."""
+    deadline_s: float = 1800.0
+    """Wall-clock seconds for the whole episode."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    tool_format: str = "hermes"
+    """Tool-call parser: hermes (Qwen, Hermes) or glm (GLM-4.5/5)."""
+    end_of_turn: str | None = None
+    """The token that ends an assistant turn (default: the tokenizer's eos token)."""
+    engine_retries: int = 3
+    """Attempts of a generate call that failed with a transient engine error."""
+    grade_on_truncation: bool = True
+    """When the episode ends on max_turns, context or deadline, ask the env to grade the work so far."""
+    seed: int | None = None
+    """Base sampling seed (turn k of sample s uses seed + 1000 * s + k)."""
+    extra_sampling: dict[str, Any] = field(default_factory=dict)
+
+
+class _Renderer:
+    """Turns chat messages into token ids with the tokenizer's template, a constant amount of work per turn."""
+
+    def __init__(self, tokenizer, end_of_turn: str | None):
+        self.tok = tokenizer
+        self.eot = end_of_turn or tokenizer.eos_token
+        if self.eot is None:
+            raise ValueError(
+                "the tokenizer has no eos token; set LoopConfig.end_of_turn to the end-of-turn token"
+            )
+        self.eot_id = tokenizer.convert_tokens_to_ids(self.eot)
+        # A fixed short conversation that ends with an assistant turn: the text the template puts
+        # after that turn's end-of-turn token is the "glue" before the next messages.
+        self._base = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+        base_text = self._render(self._base, add_generation_prompt=False)
+        cut = base_text.rfind(self.eot)
+        if cut < 0:
+            raise ValueError(
+                f"the chat template does not end assistant turns with {self.eot!r}; set LoopConfig.end_of_turn"
+            )
+        self._base_text = base_text[: cut + len(self.eot)]
+
+    def _render(self, messages, tools=None, add_generation_prompt=True) -> str:
+        return self.tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def prompt(self, messages, tools) -> list[int]:
+        text = self._render(messages, tools)
+        if tools and text == self._render(messages, None):
+            # The template ignores tools: describe them in the first system message instead.
+            import json
+
+            spec = "\n".join(json.dumps(t) for t in tools)
+            note = (
+                "You can call these tools; write each call as "
+                '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>:\n' + spec
+            )
+            messages = [dict(m) for m in messages]
+            if messages and messages[0]["role"] == "system":
+                messages[0]["content"] += "\n\n" + note
+            else:
+                messages.insert(0, {"role": "system", "content": note})
+            text = self._render(messages, None)
+        return self.encode(text)
+
+    def observation(self, messages, after_eot: bool) -> list[int]:
+        """Ids of ``messages`` and the next generation prompt, to follow an assistant turn."""
+        full = self._render(self._base + messages)
+        if not full.startswith(self._base_text):
+            raise ValueError(
+                "the chat template renders earlier turns differently once more follow; cannot append"
+            )
+        suffix = full[len(self._base_text) :]
+        return ([] if after_eot else [self.eot_id]) + self.encode(suffix)
+
+
+def _transient(e: BaseException) -> bool:
+    return (isinstance(e, EngineError) and e.transient) or isinstance(e, ConnectionError | TimeoutError)
+
+
+async def _generate(engine: Engine, input_ids: list[int], params: SamplingParams, budget_s: float):
+    """One engine call under the episode's deadline; any failure of the engine becomes an EngineError."""
+    try:
+        # The live list, not a copy: copying would cost O(history) per turn. Engines must not mutate it.
+        return await asyncio.wait_for(engine.generate(input_ids, params), max(budget_s, 0.001))
+    except (EngineError, TimeoutError, asyncio.CancelledError):
+        raise
+    except ConnectionError as e:
+        raise EngineError(f"engine unreachable: {e}", transient=True) from e
+    except Exception as e:
+        raise EngineError(f"{type(e).__name__}: {e}") from e
+
+
+async def run_episode(
+    env: AgentEnv,
+    engine: Engine,
+    tokenizer,
+    task: Task,
+    config: LoopConfig | None = None,
+    *,
+    sample_index: int = 0,
+    renderer: _Renderer | None = None,
+) -> Trajectory:
+    """Drive ``env`` with ``engine`` for one episode of ``task``; always returns a valid trajectory."""
+    cfg = config or LoopConfig()
+    parse = get_parser(cfg.tool_format)
+    render = renderer or _Renderer(tokenizer, cfg.end_of_turn)
+    start = time.monotonic()
+    deadline = start + cfg.deadline_s
+    traj = Trajectory(
+        [], [], [], [], env_id=getattr(env, "id", ""), task_id=task.id, sample_index=sample_index
+    )
+    traj.seed = cfg.seed
+    counters = {"tool_call_errors": 0, "retokenization_drift_turns": 0, "engine_retries": 0}
+    status, reward, graded = None, 0.0, False
+
+    def append(ids: list[int], role: str, logprobs: list[float] | None = None) -> None:
+        n = len(traj.input_ids)
+        traj.input_ids.extend(ids)
+        traj.loss_mask.extend([1 if role == "assistant" else 0] * len(ids))
+        traj.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        traj.turns.append(TurnSpan(n, n + len(ids), role))
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    try:
+        obs = await asyncio.wait_for(env.reset(task), max(left(), 0.001))
+        tools = obs.tools
+        traj.messages = list(obs.messages)
+        append(render.prompt(obs.messages, tools), "prompt")
+        turn = 0
+        while True:
+            if turn >= cfg.max_turns:
+                status = "max_turns"
+                break
+            room = cfg.max_context - len(traj.input_ids)
+            if room <= 0:
+                status = "truncated_context"
+                break
+            params = SamplingParams(
+                max_new_tokens=min(cfg.max_new_tokens, room),
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                stop_token_ids=[render.eot_id],
+                seed=None if cfg.seed is None else cfg.seed + 1000 * sample_index + turn,
+            )
+            t0 = time.monotonic()
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_transient),
+                stop=stop_after_attempt(cfg.engine_retries),
+                wait=wait_exponential(multiplier=0.1, max=2.0),
+                reraise=True,
+            ):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        counters["engine_retries"] += 1
+                    gen = await _generate(engine, traj.input_ids, params, left())
+            generate_s = time.monotonic() - t0
+            append(list(gen.output_ids), "assistant", list(gen.logprobs))
+            traj.weight_versions.append(str(gen.weight_version))
+            traj.finish_reasons.append(gen.finish_reason)
+            turn += 1
+
+            ended = bool(gen.output_ids) and gen.output_ids[-1] == render.eot_id
+            body_ids = gen.output_ids[:-1] if ended else gen.output_ids
+            text = tokenizer.decode(body_ids, skip_special_tokens=False)
+            if render.encode(text) != list(body_ids):
+                counters["retokenization_drift_turns"] += 1
+            parsed = parse(text, tools)
+            counters["tool_call_errors"] += parsed.errors
+            traj.messages.append(
+                {"role": "assistant", "content": text, "tool_calls": [c.to_dict() for c in parsed.calls]}
+            )
+            if len(traj.input_ids) >= cfg.max_context:
+                status = "truncated_context"
+                traj.timings.append({"generate_s": generate_s})
+                break
+
+            t1 = time.monotonic()
+            result = await asyncio.wait_for(env.step(parsed.calls), max(left(), 0.001))
+            traj.timings.append({"generate_s": generate_s, "tool_s": time.monotonic() - t1})
+            for call in result.info.get("tool_calls", []):
+                traj.tool_calls.append({"turn": turn - 1, **call})
+            if result.done:
+                reward, graded = float(result.reward), True
+                status = result.info.get("status", "completed")
+                break
+            obs_ids = render.observation(result.observation, after_eot=ended)
+            traj.messages.extend(result.observation)
+            if len(traj.input_ids) + len(obs_ids) >= cfg.max_context:
+                status = "truncated_context"  # no room to answer the observation: do not append half of it
+                break
+            append(obs_ids, "tool")
+    except TimeoutError:
+        status = "timeout"
+    except EngineError as e:
+        status = "engine_error"
+        traj.extra["error"] = f"{type(e).__name__}: {e}"
+    except asyncio.CancelledError:
+        status = "aborted"
+        task_obj = asyncio.current_task()
+        if task_obj is not None:
+            task_obj.uncancel()
+    except Exception as e:
+        # Anything the env raised (or a bug in a tool runner): the episode ends, the pool goes on.
+        status = "env_error"
+        traj.extra["error"] = f"{type(e).__name__}: {e}"
+        log.warning("episode %s/%s ended with env_error: %s", traj.env_id, task.id, e)
+    finally:
+        if status in ("max_turns", "truncated_context", "timeout") and cfg.grade_on_truncation and not graded:
+            grade = getattr(env, "grade", None)
+            if grade is not None:
+                try:
+                    reward = float(await asyncio.shield(asyncio.wait_for(grade(), 300)))
+                except Exception as e:
+                    traj.extra["grade_error"] = f"{type(e).__name__}: {e}"
+        try:
+            await asyncio.shield(env.close())
+        except Exception as e:
+            traj.extra["close_error"] = f"{type(e).__name__}: {e}"
+    traj.status = status or "completed"
+    traj.reward = reward if traj.status not in ("env_error", "engine_error", "aborted") else 0.0
+    traj.extra.update(counters)
+    traj.extra["wall_s"] = time.monotonic() - start
+    return traj.validate()

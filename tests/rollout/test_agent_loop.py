@@ -1,0 +1,157 @@
+import asyncio
+
+import pytest
+
+from agentrl.env import Task, make
+from agentrl.envs.bugfix import expert_texts
+from agentrl.models import tiny_chat_model
+from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
+from agentrl.rollout.engine import EngineError
+from agentrl.rollout.local import LocalEngine
+from agentrl.rollout.scripted import ScriptedEngine
+from tests.rollout.fakes import EchoEnv, FixedEngine, RecordingEngine
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_chat_model()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_token_in_token_out_with_the_tiny_model(tiny):
+    model, tok = tiny
+    engine = RecordingEngine(LocalEngine(model))
+    env = EchoEnv(episode_len=4)
+    traj = run(run_episode(env, engine, tok, Task("t1"), LoopConfig(max_new_tokens=12, seed=0)))
+    assert traj.status == "completed" and traj.reward == 1.0 and env.closed == 1
+    spans = [s for s in traj.turns if s.role == "assistant"]
+    assert len(spans) == len(engine.generations) == 4
+    for span, gen in zip(spans, engine.generations, strict=True):
+        assert traj.input_ids[span.start : span.end] == gen.output_ids  # exactly the sampled ids
+        assert traj.rollout_logprobs[span.start : span.end] == gen.logprobs
+    trainable = {i for s in spans for i in range(s.start, s.end)}
+    assert all((m == 1) == (i in trainable) for i, m in enumerate(traj.loss_mask))
+    assert all(lp == 0.0 for i, lp in enumerate(traj.rollout_logprobs) if i not in trainable)
+
+
+def test_every_request_is_the_exact_history(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = FixedEngine(tok.encode("thinking", add_special_tokens=False) + [eot])
+    traj = run(run_episode(EchoEnv(episode_len=3), engine, tok, Task("t"), LoopConfig()))
+    starts = [s.start for s in traj.turns if s.role == "assistant"]
+    assert [len(c) for c in engine.calls] == starts
+    assert all(call == traj.input_ids[: len(call)] for call in engine.calls)
+
+
+def test_observation_tokens_match_the_chat_template(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = FixedEngine(tok.encode("hi there", add_special_tokens=False) + [eot])
+    traj = run(run_episode(EchoEnv(episode_len=2), engine, tok, Task("t"), LoopConfig()))
+    # With a canonical assistant turn, the held ids equal the template's rendering of the messages.
+    messages = [{k: v for k, v in m.items() if k in ("role", "content")} for m in traj.messages]
+    rendered = tok.apply_chat_template(
+        messages[:4], tools=run_env_tools(), add_generation_prompt=True, tokenize=False
+    )
+    assert tok.decode(traj.input_ids[: traj.turns[2].end]) == rendered
+    assert traj.extra["retokenization_drift_turns"] == 0
+
+
+def run_env_tools():
+    from agentrl.tools import CODING_TOOLS
+
+    return CODING_TOOLS
+
+
+def test_retokenization_drift_is_counted_not_hidden(tiny):
+    _, tok = tiny
+    newline = tok.encode("\n", add_special_tokens=False)
+    assert (
+        len(newline) == 1 and tok.encode("\n\n", add_special_tokens=False) != newline * 2
+    )  # the round trip differs
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    sampled = newline * 2 + [eot]
+    traj = run(run_episode(EchoEnv(episode_len=2), FixedEngine(sampled), tok, Task("t"), LoopConfig()))
+    for span in (s for s in traj.turns if s.role == "assistant"):
+        assert traj.input_ids[span.start : span.end] == sampled  # kept as sampled, not re-encoded
+    assert traj.extra["retokenization_drift_turns"] == 2
+
+
+def test_budgets_and_failures_each_give_their_status(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    words = tok.encode("word " * 40, add_special_tokens=False) + [eot]
+
+    async def episode(env, engine, **cfg):
+        traj = await run_episode(env, engine, tok, Task("t"), LoopConfig(**cfg))
+        assert env.closed >= 1, "the env must be closed whatever happened"
+        return traj.validate()
+
+    async def go():
+        # context: the prompt plus two turns overflow the window
+        probe = await episode(EchoEnv(1), FixedEngine([eot]))
+        p = probe.turns[0].end
+        t = await episode(EchoEnv(10), FixedEngine(words), max_context=p + 60)
+        assert t.status == "truncated_context" and len(t) <= p + 60
+        assert t.finish_reasons[-1] == "length" or t.turns[-1].role == "assistant"
+        # max turns (and the env is graded on the way out)
+        env = EchoEnv(10)
+        t = await episode(env, FixedEngine([eot]), max_turns=3)
+        assert t.status == "max_turns" and len(t.finish_reasons) == 3 and t.reward == 0.5 and env.graded == 1
+        # deadline
+        t = await episode(EchoEnv(10, step_delay=0.2), FixedEngine([eot]), deadline_s=0.5)
+        assert t.status == "timeout"
+        # engine error (not transient: no retry)
+        t = await episode(EchoEnv(3), FixedEngine([eot], fail=RuntimeError("CUDA error")))
+        assert t.status == "engine_error" and "CUDA error" in t.extra["error"] and t.reward == 0.0
+        # transient engine errors are retried
+        t = await episode(EchoEnv(2), FixedEngine([eot], transient_failures=2), engine_retries=3)
+        assert t.status == "completed" and t.extra["engine_retries"] == 2
+        # env error
+        t = await episode(EchoEnv(5, fail_at=2), FixedEngine([eot]))
+        assert t.status == "env_error" and "the environment broke" in t.extra["error"]
+        # cancellation
+        env = EchoEnv(100, step_delay=0.05)
+        task = asyncio.ensure_future(run_episode(env, FixedEngine([eot]), tok, Task("t"), LoopConfig()))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        t = await task
+        assert t.status == "aborted" and env.closed == 1 and t.validate()
+
+    run(go())
+
+
+def test_engine_error_class_is_kept():
+    e = EngineError("x", transient=True)
+    assert e.transient
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_scripted_expert_as_an_engine_solves_bugfix(tiny, backend):
+    if backend == "docker":
+        from tests.conftest import require_docker
+
+        require_docker()
+    _, tok = tiny
+
+    async def go():
+        factory = lambda: make("bugfix-v0", sandbox=backend)  # noqa: E731
+        engine = ScriptedEngine(tok)
+        envs = factory()
+        for i in range(2):
+            task = envs.task("train", i)
+            # Register the expert's turns under the exact prompt the loop will send.
+            env = factory()
+            obs = await env.reset(task)
+            prompt = _Renderer(tok, None).prompt(obs.messages, obs.tools)
+            engine.add(prompt, expert_texts(env.spec))
+            await env.close()
+            traj = await run_episode(factory(), engine, tok, task, LoopConfig(max_context=16384))
+            assert traj.status == "completed" and traj.reward == 1.0, (task.id, traj.extra)
+            assert traj.extra["tool_call_errors"] == 0 and len(traj.finish_reasons) == 5
+
+    run(go())

@@ -1,0 +1,112 @@
+import asyncio
+
+import pytest
+import torch
+
+from agentrl.models import tiny_chat_model
+from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.local import LocalEngine
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_chat_model()
+
+
+def reference_logprobs(model, prompt, output, temperature):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
+    scale = temperature if temperature > 0 else 1.0
+    lp = torch.log_softmax(logits / scale, -1)
+    return [float(lp[len(prompt) - 1 + i, tok]) for i, tok in enumerate(output)]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=0.7, top_p=0.9, top_k=40),
+        dict(temperature=1.0),
+        dict(temperature=0.0),
+    ],
+)
+def test_logprobs_equal_a_separate_forward_pass(tiny, params):
+    model, tok = tiny
+    engine = LocalEngine(model)
+
+    async def go():
+        prompts = [tok.encode("def add(a, b):\n" * (i + 1), add_special_tokens=False) for i in range(6)]
+        gens = await asyncio.gather(
+            *(
+                engine.generate(p, SamplingParams(max_new_tokens=24, seed=i, **params))
+                for i, p in enumerate(prompts)
+            )
+        )
+        for p, g in zip(prompts, gens, strict=True):
+            assert len(g.logprobs) == len(g.output_ids) > 0
+            ref = reference_logprobs(model, p, g.output_ids, params["temperature"])
+            assert max(abs(a - b) for a, b in zip(ref, g.logprobs, strict=True)) < 1e-4
+        # Six requests that arrived together were decoded as one batch.
+        assert engine.stats["batches"] == 1 and engine.stats["max_batch"] == 6
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_seeded_sampling_is_reproducible_and_stop_tokens_stop(tiny):
+    model, tok = tiny
+    engine = LocalEngine(model)
+
+    async def go():
+        prompt = tok.encode("hello", add_special_tokens=False)
+        a = await engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=3))
+        b = await engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=3))
+        assert a.output_ids == b.output_ids and a.finish_reason == "length"
+        stop = a.output_ids[4]
+        c = await engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=3, stop_token_ids=[stop]))
+        assert c.output_ids[-1] == stop and c.finish_reason == "stop"
+        assert c.output_ids == a.output_ids[: a.output_ids.index(stop) + 1]
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_update_weights_swaps_weights_and_bumps_version(tiny):
+    model, tok = tiny
+    engine = LocalEngine(model)
+    other, _ = tiny_chat_model(seed=1)
+
+    async def go():
+        prompt = tok.encode("x = 1", add_special_tokens=False)
+        before = await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=0))
+        version = await engine.update_weights(other.state_dict())
+        after = await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=0))
+        assert before.weight_version == "0" and version == after.weight_version == "1"
+        assert after.logprobs == pytest.approx(
+            reference_logprobs(other, prompt, after.output_ids, 0), abs=1e-4
+        )
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_smollm2_real_model_logprobs():
+    from agentrl.models import smollm2, smollm2_path
+
+    try:
+        smollm2_path()
+    except ImportError as e:
+        pytest.skip(str(e))
+
+    model, tok = smollm2()
+    engine = LocalEngine(model)
+
+    async def go():
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, tokenize=False
+        )
+        ids = tok.encode(prompt, add_special_tokens=False)
+        g = await engine.generate(ids, SamplingParams(max_new_tokens=12, temperature=0.8, seed=0))
+        assert g.logprobs == pytest.approx(reference_logprobs(model, ids, g.output_ids, 0.8), abs=1e-4)
+        await engine.close()
+
+    asyncio.run(go())

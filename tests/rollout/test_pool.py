@@ -1,0 +1,107 @@
+"""64 concurrent bugfix-v0 episodes with the tiny model; injected faults stay inside their episodes."""
+
+import asyncio
+import shutil
+
+import pytest
+
+from agentrl.env import make
+from agentrl.envs.bugfix import BugfixEnv
+from agentrl.envs.bugfix.generator import describe
+from agentrl.models import tiny_chat_model
+from agentrl.rollout.agent_loop import LoopConfig
+from agentrl.rollout.local import LocalEngine
+from agentrl.store import TrajectoryStore
+from agentrl.tools import ToolCall
+from tests.conftest import require_docker
+
+ENGINE_FAULTS = {3, 17, 40}
+SANDBOX_FAULTS = {5, 22, 51}
+
+
+class DyingSandboxEnv(BugfixEnv):
+    """bugfix-v0 whose sandbox dies right after reset; the next tool call finds it dead."""
+
+    async def reset(self, task):
+        obs = await super().reset(task)
+        if self.sandbox.__class__.__name__ == "DockerSandbox":
+            import docker
+
+            docker.from_env().containers.get(self.sandbox.container_id).kill()
+        else:
+            shutil.rmtree(self.sandbox.workdir)
+        return obs
+
+    async def step(self, tool_calls):
+        return await super().step([ToolCall("bash", {"command": "ls"}, id="probe"), *tool_calls])
+
+
+class FaultyEngine:
+    """Fails every request of the episodes whose task text is in ``poisoned``."""
+
+    def __init__(self, inner, tokenizer, poisoned):
+        self.inner, self.tok, self.poisoned = inner, tokenizer, poisoned
+
+    async def generate(self, input_ids, params):
+        text = self.tok.decode(input_ids[:1500])
+        if any(p in text for p in self.poisoned):
+            raise RuntimeError("injected engine fault")
+        return await self.inner.generate(input_ids, params)
+
+    async def update_weights(self, *a, **k):
+        return await self.inner.update_weights(*a, **k)
+
+    async def health(self):
+        return True
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_64_concurrent_episodes_with_faults(backend, tmp_path):
+    if backend == "docker":
+        require_docker()
+    from agentrl.rollout.pool import RolloutPool
+
+    model, tok = tiny_chat_model()
+    probe = make("bugfix-v0", sandbox=backend, max_turns=2)
+    tasks = probe.tasks("train", 64)
+    specs = {t.id: probe._spec(t) for t in tasks}
+    poisoned = {describe(specs[tasks[i].id], True) for i in ENGINE_FAULTS}
+    engine = FaultyEngine(LocalEngine(model), tok, poisoned)
+    counter = iter(range(10_000))
+    order = {}
+
+    def factory():
+        # Environments are made in task order (the pool creates them as it starts each episode).
+        i = next(counter)
+        order[i] = True
+        cls = DyingSandboxEnv if i in SANDBOX_FAULTS else BugfixEnv
+        return cls(sandbox=backend, max_turns=2)
+
+    store = TrajectoryStore(tmp_path / "store")
+    pool = RolloutPool(
+        factory,
+        engine,
+        tok,
+        LoopConfig(max_turns=2, max_new_tokens=16, max_context=4096, temperature=1.0, seed=0),
+        store=store,
+        concurrency=64,
+        progress=False,
+    )
+    trajectories = asyncio.run(pool.run(tasks))
+    store.close()
+    assert len(trajectories) == 64
+    by_status = {}
+    for i, (task, t) in enumerate(zip(tasks, trajectories, strict=True)):
+        assert t.task_id == task.id
+        expected = "max_turns"
+        if describe(specs[task.id], True) in poisoned:
+            expected = "engine_error"
+        elif i in SANDBOX_FAULTS:
+            expected = "env_error"
+        assert t.status == expected, (i, t.status, t.extra)
+        by_status.setdefault(t.status, 0)
+        by_status[t.status] += 1
+    assert by_status["max_turns"] >= 64 - len(ENGINE_FAULTS) - len(SANDBOX_FAULTS)
+    stored = list(TrajectoryStore(tmp_path / "store").read())
+    assert sorted(t.task_id for t in stored) == sorted(t.id for t in tasks)
+    assert engine.inner.stats["max_batch"] > 8  # concurrent episodes were decoded together

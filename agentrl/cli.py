@@ -11,7 +11,7 @@ import agentrl
 
 def _quickstart(args: argparse.Namespace) -> int:
     from agentrl import toy
-    from agentrl.rollout.run import load_config, main
+    from agentrl.rollout.run import main
 
     print(
         "agentrl quickstart: the PPO trainer on bugfix-v0 does not exist yet, so this runs the most\n"

@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from agentrl.env import AgentEnv, Task
 from agentrl.rollout.engine import Engine, EngineError, SamplingParams
+from agentrl.sandbox import SandboxError
 from agentrl.tools import get_parser
 from agentrl.trajectory import Trajectory, TurnSpan
 
@@ -53,6 +54,8 @@ class LoopConfig:
     """The token that ends an assistant turn (default: the tokenizer's eos token)."""
     engine_retries: int = 3
     """Attempts of a generate call that failed with a transient engine error."""
+    reset_retries: int = 3
+    """Attempts of ``env.reset`` that failed with a sandbox error (a daemon hiccup, a container that would not start)."""
     grade_on_truncation: bool = True
     """When the episode ends on max_turns, context or deadline, ask the env to grade the work so far."""
     seed: int | None = None
@@ -157,7 +160,12 @@ async def run_episode(
         [], [], [], [], env_id=getattr(env, "id", ""), task_id=task.id, sample_index=sample_index
     )
     traj.seed = cfg.seed
-    counters = {"tool_call_errors": 0, "retokenization_drift_turns": 0, "engine_retries": 0}
+    counters = {
+        "tool_call_errors": 0,
+        "retokenization_drift_turns": 0,
+        "engine_retries": 0,
+        "reset_retries": 0,
+    }
     status, reward, graded = None, 0.0, False
 
     def append(ids: list[int], role: str, logprobs: list[float] | None = None) -> None:
@@ -171,7 +179,16 @@ async def run_episode(
         return deadline - time.monotonic()
 
     try:
-        obs = await asyncio.wait_for(env.reset(task), max(left(), 0.001))
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, SandboxError | ConnectionError)),
+            stop=stop_after_attempt(cfg.reset_retries),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            reraise=True,
+        ):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    counters["reset_retries"] += 1
+                obs = await asyncio.wait_for(env.reset(task), max(left(), 0.001))
         tools = obs.tools
         traj.messages = list(obs.messages)
         append(render.prompt(obs.messages, tools), "prompt")

@@ -10,7 +10,10 @@ from agentrl.tools import CODING_TOOLS
 class EchoEnv:
     """Answers every step with one tool message; ends after ``episode_len`` steps or on submit."""
 
-    def __init__(self, episode_len=3, obs_text="ok", step_delay=0.0, fail_at=None, reward=1.0):
+    def __init__(
+        self, episode_len=3, obs_text="ok", step_delay=0.0, fail_at=None, reward=1.0, reset_failures=0
+    ):
+        self.reset_failures = reset_failures
         self.episode_len, self.obs_text, self.step_delay, self.fail_at, self.reward = (
             episode_len,
             obs_text,
@@ -22,6 +25,11 @@ class EchoEnv:
         self.id = "echo-v0"
 
     async def reset(self, task: Task) -> Observation:
+        if self.reset_failures:
+            from agentrl.sandbox import SandboxError
+
+            self.reset_failures -= 1
+            raise SandboxError("the container would not start")
         self.steps = 0
         return Observation(
             [{"role": "system", "content": "sys"}, {"role": "user", "content": f"task {task.id}"}],

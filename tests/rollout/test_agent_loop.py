@@ -111,6 +111,11 @@ def test_budgets_and_failures_each_give_their_status(tiny):
         # transient engine errors are retried
         t = await episode(EchoEnv(2), FixedEngine([eot], transient_failures=2), engine_retries=3)
         assert t.status == "completed" and t.extra["engine_retries"] == 2
+        # sandbox errors at reset are retried (the episode has run no tool call yet)
+        t = await episode(EchoEnv(2, reset_failures=2), FixedEngine([eot]))
+        assert t.status == "completed" and t.extra["reset_retries"] == 2
+        t = await episode(EchoEnv(2, reset_failures=5), FixedEngine([eot]))
+        assert t.status == "env_error" and "would not start" in t.extra["error"]
         # env error
         t = await episode(EchoEnv(5, fail_at=2), FixedEngine([eot]))
         assert t.status == "env_error" and "the environment broke" in t.extra["error"]

@@ -5,9 +5,9 @@
     trajectories = await pool.run(tasks)
 
 Each task runs ``n_samples`` times (for group baselines; ``sample_index`` tells them apart), in
-its own environment instance from ``env_factory()``. Environment creation and reset (where a
-sandbox is made) are retried on failure, engine calls inside the loop on transient errors; a tool
-call is never re-run. Whatever happens to an episode, its trajectory, with its status, is
+its own environment instance from ``env_factory()``. Inside each episode, ``env.reset`` (where a
+sandbox is made) is retried on sandbox errors and engine calls on transient errors; a tool call
+is never re-run. Whatever happens to an episode, its trajectory, with its status, is
 returned and written to the store.
 """
 

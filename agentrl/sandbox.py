@@ -76,6 +76,17 @@ class Sandbox(Protocol):
     async def close(self) -> None: ...
 
 
+class AsyncStartClose:
+    """``async with x:`` calls ``await x.start()`` and, on the way out whatever happened, ``await x.close()``."""
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 def join_cut(head: bytes, tail: bytes, total: int) -> str:
     """Head and tail of an output of ``total`` bytes, with a marker saying how much was cut between them."""
     cut = total - len(head) - len(tail)
@@ -180,7 +191,7 @@ def make_sandbox(backend: str = "docker", **config: Any) -> Sandbox:
     return cls(build_config(cls.Config, config, f"sandbox backend {backend!r}"))
 
 
-class SandboxPool:
+class SandboxPool(AsyncStartClose):
     """Pre-started sandboxes, handed out at once and reset between uses.
 
     ``acquire()`` returns a ready sandbox (or starts one cold when none is ready); ``release(sb)``
@@ -204,13 +215,6 @@ class SandboxPool:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self.stats = {"reused": 0, "replaced": 0, "cold": 0}
-
-    async def __aenter__(self) -> SandboxPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def _new(self) -> Sandbox:
         sb = make_sandbox(self.backend, **self.config)

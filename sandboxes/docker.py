@@ -48,6 +48,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from agentrl.sandbox import (
     WORKSPACE_SETUP,
+    AsyncStartClose,
     ExecResult,
     SandboxDied,
     SandboxError,
@@ -269,7 +270,7 @@ def _runner_tar() -> bytes:
     return buf.getvalue()
 
 
-class DockerSandbox:
+class DockerSandbox(AsyncStartClose):
     """One container; use as ``async with DockerSandbox(DockerConfig(...)) as sb``."""
 
     Config = DockerConfig
@@ -302,13 +303,6 @@ class DockerSandbox:
         }
 
     # -- lifecycle --
-    async def __aenter__(self) -> DockerSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     async def start(self) -> None:
         if self.container_id is not None:
             return

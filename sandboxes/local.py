@@ -40,7 +40,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentrl.sandbox import WORKSPACE_SETUP, ExecResult, SandboxError, check_command, diff_script, join_cut
+from agentrl.sandbox import (
+    WORKSPACE_SETUP,
+    AsyncStartClose,
+    ExecResult,
+    SandboxError,
+    check_command,
+    diff_script,
+    join_cut,
+)
 from agentrl.sandboxes.docker import parse_size
 
 log = logging.getLogger(__name__)
@@ -159,7 +167,7 @@ class LocalConfig:
             raise ValueError(f"timeout must be a positive number of seconds; got {self.timeout!r}")
 
 
-class LocalSandbox:
+class LocalSandbox(AsyncStartClose):
     """A workspace directory on this machine; use as ``async with LocalSandbox(LocalConfig(...)) as sb``."""
 
     Config = LocalConfig
@@ -175,13 +183,6 @@ class LocalSandbox:
         self._bwrap: str | None = None
         self._cgroup: Cgroup | None = None
         self._hidden_cwd = os.getcwd()
-
-    async def __aenter__(self) -> LocalSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def start(self) -> None:
         if self._started:

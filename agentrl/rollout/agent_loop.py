@@ -124,7 +124,22 @@ class _Renderer:
 
 
 def _transient(e: BaseException) -> bool:
-    return (isinstance(e, EngineError) and e.transient) or isinstance(e, ConnectionError | TimeoutError)
+    # Not TimeoutError: that is the episode's deadline, which a retry cannot meet.
+    return (isinstance(e, EngineError) and e.transient) or isinstance(e, ConnectionError)
+
+
+async def _with_retries(call, *, retry_on, attempts: int, counters: dict[str, int], key: str):
+    """Await ``call()``, again on failures that ``retry_on`` accepts (counted in ``counters[key]``)."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(retry_on),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    ):
+        with attempt:
+            if attempt.retry_state.attempt_number > 1:
+                counters[key] += 1
+            return await call()
 
 
 async def _generate(engine: Engine, input_ids: list[int], params: SamplingParams, budget_s: float):
@@ -179,16 +194,13 @@ async def run_episode(
         return deadline - time.monotonic()
 
     try:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(lambda e: isinstance(e, SandboxError | ConnectionError)),
-            stop=stop_after_attempt(cfg.reset_retries),
-            wait=wait_exponential(multiplier=0.2, max=5.0),
-            reraise=True,
-        ):
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    counters["reset_retries"] += 1
-                obs = await asyncio.wait_for(env.reset(task), max(left(), 0.001))
+        obs = await _with_retries(
+            lambda: asyncio.wait_for(env.reset(task), max(left(), 0.001)),
+            retry_on=lambda e: isinstance(e, SandboxError | ConnectionError),
+            attempts=cfg.reset_retries,
+            counters=counters,
+            key="reset_retries",
+        )
         tools = obs.tools
         traj.messages = list(obs.messages)
         append(render.prompt(obs.messages, tools), "prompt")
@@ -210,16 +222,13 @@ async def run_episode(
                 seed=None if cfg.seed is None else cfg.seed + 1000 * sample_index + turn,
             )
             t0 = time.monotonic()
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_transient),
-                stop=stop_after_attempt(cfg.engine_retries),
-                wait=wait_exponential(multiplier=0.1, max=2.0),
-                reraise=True,
-            ):
-                with attempt:
-                    if attempt.retry_state.attempt_number > 1:
-                        counters["engine_retries"] += 1
-                    gen = await _generate(engine, traj.input_ids, params, left())
+            gen = await _with_retries(
+                lambda p=params: _generate(engine, traj.input_ids, p, left()),
+                retry_on=_transient,
+                attempts=cfg.engine_retries,
+                counters=counters,
+                key="engine_retries",
+            )
             generate_s = time.monotonic() - t0
             append(list(gen.output_ids), "assistant", list(gen.logprobs))
             traj.weight_versions.append(str(gen.weight_version))

@@ -121,6 +121,19 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError, TrainConfig, load_config
+    from agentrl.trainer.ppo import main
+
+    try:
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    main(cfg)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl", description="Reinforcement learning for tool-using coding agents."
@@ -162,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("config", help="YAML file (e.g. recipes/rollout_bugfix_tiny.yaml)")
     rollout.add_argument("overrides", nargs="*", help="key=value or loop.key=value overrides")
     rollout.set_defaults(func=_rollout)
+
+    train = commands.add_parser("train", help="train with PPO (or GRPO, ...) from a recipe")
+    train.add_argument("config", help="YAML recipe (e.g. recipes/quickstart.yaml)")
+    train.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. run.resume=true")
+    train.set_defaults(func=_train)
     return parser
 
 

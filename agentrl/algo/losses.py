@@ -292,7 +292,10 @@ def value_loss(
     with torch.no_grad():
         v, r = values.detach()[trainable].double(), target[trainable].double()
         var_r = r.var(unbiased=False) if r.numel() else torch.zeros((), dtype=torch.float64)
-        explained = float(1.0 - (r - v).var(unbiased=False) / var_r) if r.numel() > 1 and var_r > 0 else 0.0
+        # Returns that are (nearly) constant have no variance to explain: report 0, not a huge ratio.
+        explained = (
+            float(1.0 - (r - v).var(unbiased=False) / var_r) if r.numel() > 1 and var_r > 1e-8 else 0.0
+        )
     n = int(trainable.sum())
     metrics = {
         "value_explained_var": explained,

@@ -47,7 +47,6 @@ class BugfixEnv:
     """An ``AgentEnv``; one sandbox per episode, made at ``reset``."""
 
     deterministic = True
-    tools = CODING_TOOLS
 
     def __init__(
         self,
@@ -60,6 +59,7 @@ class BugfixEnv:
         on_no_tool_call: str = "remind",
         command_timeout: float = 60.0,
         max_observation_chars: int = 8_000,
+        compact_tools: bool = False,
         seed: int = 0,
     ):
         if on_no_tool_call not in ("end", "remind"):
@@ -76,6 +76,8 @@ class BugfixEnv:
         self.on_no_tool_call = on_no_tool_call
         self.command_timeout = command_timeout
         self.max_observation_chars = max_observation_chars
+        # Compact tool specs (no descriptions) keep small models' prompts short.
+        self.tools = [_compact(t) for t in CODING_TOOLS] if compact_tools else list(CODING_TOOLS)
         self.sandbox = None
         self.spec: BugfixTask | None = None
         self._tools: CodingTools | None = None
@@ -215,6 +217,18 @@ class BugfixEnv:
 
     async def close(self) -> None:
         await self._close_sandbox()
+
+
+def _compact(spec: dict[str, Any]) -> dict[str, Any]:
+    fn = spec["function"]
+    props = {
+        k: {kk: vv for kk, vv in v.items() if kk != "description"}
+        for k, v in fn["parameters"]["properties"].items()
+    }
+    return {
+        "type": "function",
+        "function": {"name": fn["name"], "parameters": {**fn["parameters"], "properties": props}},
+    }
 
 
 def expert_turns(spec: BugfixTask) -> list[list[ToolCall]]:

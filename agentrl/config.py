@@ -1,0 +1,199 @@
+"""Typed configs from YAML plus ``key.sub=value`` overrides.
+
+One YAML file per recipe, validated by the pydantic models below: an unknown key is rejected with
+the closest valid key, a bad value names the field and what is allowed. Derived values are computed
+once, after loading (``TrainConfig.derived``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value; the message says which and what is allowed."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = "run"
+    """Name of the run; outputs go to ``output_dir/name``."""
+    output_dir: str = "runs"
+    seed: int = 0
+    iterations: int = Field(20, ge=1)
+    """PPO iterations (collect, then update)."""
+    resume: bool = False
+    """Continue from the last complete checkpoint of this run."""
+    checkpoint_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+
+
+class EnvConfig(Section):
+    id: str = "bugfix-v0"
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for ``make(id, ...)``."""
+    train_split: str = "train"
+    eval_split: str = "test"
+    train_tasks: int = Field(512, ge=1)
+    """Size of the training task set the data cursor walks through (then wraps, reshuffled)."""
+    eval_tasks: int = Field(32, ge=0)
+    """Held-out tasks measured before and after training (and every ``eval_every``)."""
+
+
+class ModelConfig(Section):
+    name: str = "tiny"
+    """``tiny`` | ``smollm2`` | a local Hugging Face model directory."""
+    tiny_hidden: int = Field(64, ge=8)
+    tiny_layers: int = Field(2, ge=1)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class RolloutConfig(Section):
+    tasks_per_iteration: int = Field(16, ge=1)
+    n_samples: int = Field(4, ge=1)
+    """Episodes per task (group estimators need > 1)."""
+    concurrency: int = Field(32, ge=1)
+    max_turns: int = Field(8, ge=1)
+    max_context: int = Field(4096, ge=64)
+    max_new_tokens: int = Field(256, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    tool_format: Literal["hermes", "glm"] = "hermes"
+    deadline_s: float = Field(600.0, gt=0)
+
+
+class AlgoConfig(Section):
+    estimator: Literal["gae", "grpo", "rloo"] = "gae"
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    policy_loss: Literal["ppo", "gspo", "gmpo", "sapo"] = "ppo"
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    dual_clip: float | None = None
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    token_filter: Literal["icepop", "tis", "none"] = "icepop"
+    """IcePop (drop tokens outside the band) or TIS (truncate the weight at ``icepop_high``)."""
+    icepop_low: float = Field(0.5, ge=0, le=1)
+    icepop_high: float = Field(5.0, ge=1)
+    kl_coef: float = Field(0.0, ge=0)
+    """KL to the initial policy (k3); 0 (off) by default, as IcePop bounds the mismatch."""
+    value_clip: float | None = 0.2
+    normalize_advantages: bool = True
+    """Whiten advantages over the trainable tokens of the batch."""
+    critic_warmup: int = Field(0, ge=0)
+    """Iterations that train only the critic."""
+
+
+class OptimConfig(Section):
+    actor_lr: float = Field(1e-4, gt=0)
+    critic_lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    grad_clip: float = Field(1.0, gt=0)
+    epochs: int = Field(1, ge=1)
+    """Passes over each batch."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer steps per epoch."""
+    micro_token_budget: int = Field(8192, ge=64)
+    """Tokens packed into one forward/backward (gradient accumulation above it)."""
+    logprob_chunk: int = Field(1024, ge=16)
+
+
+class SFTConfig(Section):
+    episodes: int = Field(0, ge=0)
+    """Scripted-expert episodes for a supervised warm start of the policy (0: none)."""
+    epochs: int = Field(3, ge=1)
+    lr: float = Field(1e-3, gt=0)
+
+
+class MetricsConfig(Section):
+    tensorboard: bool = True
+    """Also write TensorBoard events when ``tensorboard`` is installed."""
+    wandb: bool = False
+    wandb_mode: Literal["offline", "online"] = "offline"
+    eval_every: int = Field(0, ge=0)
+    """Evaluate on held-out tasks every N iterations (0: only before and after)."""
+    progress: bool = True
+
+
+class TrainConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.algo.estimator in ("grpo", "rloo") and self.rollout.n_samples < 2:
+            raise ValueError(
+                f"estimator {self.algo.estimator} needs rollout.n_samples >= 2 (a group baseline)"
+            )
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+
+def _closest_key_message(error: dict, model: type[BaseModel]) -> str:
+    loc = [str(p) for p in error["loc"]]
+    where = ".".join(loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        section = model
+        for part in loc[:-1]:
+            field = section.model_fields.get(part)
+            annotation = getattr(field, "annotation", None)
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                section = annotation
+        valid = sorted(section.model_fields)
+        close = difflib.get_close_matches(loc[-1], valid, n=1)
+        hint = f" Did you mean '{'.'.join([*loc[:-1], close[0]])}'?" if close else ""
+        return f"unknown key '{where}'.{hint} Valid keys here: {', '.join(valid)}."
+    return f"'{where}': {error['msg']} (got {error.get('input')!r})."
+
+
+def load_config(
+    model: type[BaseModel], path: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Any:
+    """Load ``model`` from a YAML file and ``key.sub=value`` overrides; ``ConfigError`` on anything wrong."""
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a mapping of settings; got {type(data).__name__}")
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. optim.actor_lr=3e-4)")
+        target = data
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"override {item!r}: {parent} is not a section")
+        target[leaf] = yaml.safe_load(value)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        messages = [_closest_key_message(err, model) for err in e.errors()]
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"invalid config{where}: " + " ".join(messages)) from None

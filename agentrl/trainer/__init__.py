@@ -1,0 +1,1 @@
+"""Training: the PPO loop, backends, checkpoints and metrics."""

@@ -1,0 +1,95 @@
+"""What the trainer needs from a training backend, and the batch it hands over.
+
+Per-token tensors are ``[B, T]`` (rows padded to the longest trajectory; backends pack rows
+without padding for the forward pass). Column ``t`` describes token ``t`` of the trajectory:
+its log-prob given tokens ``< t``, the value of the state before it, its advantage. Column 0 is
+never trainable (a trajectory starts with its prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from agentrl.trajectory import Trajectory
+
+
+@dataclass
+class Batch:
+    input_ids: Tensor
+    """[B, T] long, padded with 0 past each row's length."""
+    lengths: Tensor
+    """[B] tokens per row."""
+    loss_mask: Tensor
+    """[B, T] bool: tokens the policy sampled."""
+    rollout_logprobs: Tensor
+    """[B, T] the inference engine's log-probs (0 off the mask)."""
+    rewards: Tensor
+    """[B] episode rewards."""
+    group_ids: Tensor
+    """[B] which task each row is a sample of."""
+    old_logprobs: Tensor | None = None
+    """[B, T] training backend's log-probs before the update."""
+    ref_logprobs: Tensor | None = None
+    old_values: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+    token_weights: Tensor | None = None
+    """[B, T] IcePop / TIS weights."""
+
+    @classmethod
+    def from_trajectories(cls, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> Batch:
+        n = len(trajectories)
+        width = max((len(t) for t in trajectories), default=1)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.bool)
+        logps = torch.zeros((n, width), dtype=torch.float32)
+        for i, t in enumerate(trajectories):
+            k = len(t)
+            ids[i, :k] = torch.tensor(t.input_ids, dtype=torch.long)
+            mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
+            logps[i, :k] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
+        mask[:, 0] = False  # the first token has no prefix to be predicted from
+        return cls(
+            input_ids=ids,
+            lengths=torch.tensor([len(t) for t in trajectories], dtype=torch.long),
+            loss_mask=mask,
+            rollout_logprobs=logps,
+            rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+            group_ids=torch.tensor(group_ids if group_ids is not None else list(range(n)), dtype=torch.long),
+        )
+
+    def rows(self, index: Tensor | list[int]) -> Batch:
+        """The sub-batch of the given rows (tensors sliced; None stays None)."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return Batch(**{k: (v[idx] if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()})
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class LossConfig:
+    kind: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    agg: str = "token-mean"
+    kl_coef: float = 0.0
+    temperature: float = 1.0
+    """Sampling temperature of the rollout: log-probs are recomputed at it."""
+    value_clip: float | None = 0.2
+
+
+class TrainBackend(Protocol):
+    def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor: ...
+    def values(self, batch: Batch) -> Tensor: ...
+    def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]: ...
+    def train_critic(self, batch: Batch, loss: LossConfig) -> dict[str, float]: ...
+    def engine_state_dict(self) -> dict[str, Any]: ...
+    def save(self, path: str) -> None: ...
+    def load(self, path: str) -> None: ...

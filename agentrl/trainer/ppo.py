@@ -1,0 +1,73 @@
+"""The PPO trainer: collect, recompute, filter, estimate advantages, train critic then actor, sync, save.
+
+    agentrl train recipes/quickstart.yaml [key.sub=value ...]
+
+PPO with a learned value model (Schulman et al. 2017, arXiv 1707.06347) gives token-level credit on
+long, sparse-reward agent trajectories; GAE runs over the tokens the policy generated only;
+IcePop (arXiv 2510.18855) drops tokens whose training/inference probability ratio leaves its band,
+so no KL term is needed (``algo.kl_coef`` defaults to 0). Group estimators (GRPO, RLOO) and the
+GSPO / GMPO / SAPO losses are a config switch away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from agentrl.config import TrainConfig
+from agentrl.trainer.backend import Batch
+from agentrl.trainer.setup import (
+    Run,
+    advantages,
+    evaluate,
+    finish,
+    loss_config,
+    rollout_metrics,
+    setup,
+    token_weights,
+    warm_start,
+)
+
+DROPPED = ("env_error", "engine_error", "aborted")  # not the policy's doing: not trained on
+
+
+async def train(cfg: TrainConfig, log=print) -> dict:
+    run: Run = await setup(cfg, log)
+    if run.start == 0:
+        await warm_start(run)  # supervised, on scripted-expert episodes (sft.episodes > 0)
+        run.state["eval_before"] = await evaluate(run)
+    for it in range(run.start, cfg.run.iterations):
+        t0 = time.monotonic()
+        # 1. collect: n samples of each task of this iteration's slice of the training set
+        tasks, group_ids = run.next_tasks()
+        trajectories = await run.pool.run(tasks)
+        kept = [i for i, t in enumerate(trajectories) if t.status not in DROPPED]
+        batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
+        t1 = time.monotonic()
+        # 2. recompute old log-probs (training engine) and values (critic)
+        batch.old_logprobs = run.backend.logprobs(batch, cfg.rollout.temperature)
+        batch.old_values = run.backend.values(batch)
+        if cfg.algo.kl_coef > 0:
+            batch.ref_logprobs = run.backend.ref_logprobs(batch, cfg.rollout.temperature)
+        # 3. IcePop (or TIS) token weights from recomputed vs rollout log-probs
+        batch.token_weights, filter_metrics = token_weights(batch, cfg.algo)
+        # 4. advantages: GAE over trainable tokens, or a group baseline
+        batch.advantages, batch.returns, adv_metrics = advantages(batch, cfg.algo)
+        # 5. critic, then actor (after the critic-only warm-up)
+        train_metrics = run.backend.train_critic(batch, loss_config(cfg))
+        if it >= cfg.algo.critic_warmup:
+            train_metrics |= run.backend.train_actor(batch, loss_config(cfg))
+        # 6. weight sync to the inference engine
+        await run.engine.update_weights(run.backend.engine_state_dict())
+        # 7. checkpoint, then metrics (a resumed run redoes whatever came after its checkpoint)
+        record = {"iteration": it, "tasks": [t.id for t in tasks]}
+        record |= rollout_metrics(trajectories, t1 - t0) | filter_metrics | adv_metrics | train_metrics
+        record["train_tokens_per_s"] = int(batch.lengths.sum()) / max(time.monotonic() - t1, 1e-9)
+        if cfg.metrics.eval_every and (it + 1) % cfg.metrics.eval_every == 0:
+            record["eval_success"] = await evaluate(run)
+        run.save(it, record)
+    return await finish(run)
+
+
+def main(cfg: TrainConfig) -> dict:
+    return asyncio.run(train(cfg))

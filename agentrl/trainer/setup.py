@@ -1,0 +1,361 @@
+"""The plumbing behind the PPO loop's named phases: building the run, filters, advantages, evaluation."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.algo import gae, group_advantages, icepop_weights
+from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.env import Task, make
+from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
+from agentrl.rollout.local import LocalEngine
+from agentrl.rollout.pool import RolloutPool
+from agentrl.store import TrajectoryStore
+from agentrl.trainer.backend import Batch, LossConfig
+from agentrl.trainer.checkpoint import Checkpoints
+from agentrl.trainer.data import TaskCursor
+from agentrl.trainer.metrics import MetricsLogger
+from agentrl.trainer.torch_backend import TorchBackend
+from agentrl.trajectory import Trajectory
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    log: Any
+    policy: Any
+    tokenizer: Any
+    engine: LocalEngine
+    backend: TorchBackend
+    pool: RolloutPool
+    store: TrajectoryStore
+    metrics: MetricsLogger
+    checkpoints: Checkpoints
+    cursor: TaskCursor
+    probe_env: Any
+    start: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.monotonic)
+
+    def next_tasks(self) -> tuple[list[Task], list[int]]:
+        cfg = self.cfg
+        indices = self.cursor.next(cfg.rollout.tasks_per_iteration)
+        tasks = [self.probe_env.task(cfg.env.train_split, i) for i in indices]
+        # the pool runs n samples of each task; sample s of task k has group id k
+        groups = [k for k in range(len(tasks)) for _ in range(cfg.rollout.n_samples)]
+        return tasks, groups
+
+    def save(self, iteration: int, record: dict[str, Any]) -> None:
+        if (iteration + 1) % self.cfg.run.checkpoint_every == 0 or iteration + 1 == self.cfg.run.iterations:
+            self.checkpoints.save(
+                iteration + 1, self.backend, {"cursor": self.cursor.state(), "state": self.state}
+            )
+        self.metrics.log(record)
+        self.log(_line(record))
+
+
+def _line(r: dict[str, Any]) -> str:
+    keys = [
+        ("reward", "reward_mean"),
+        ("success", "success_rate"),
+        ("icepop", "icepop_masked_frac"),
+        ("clip", "actor/clip_frac"),
+        ("kl", "actor/approx_kl"),
+        ("ev", "critic/value_explained_var"),
+        ("trunc", "truncation_rate"),
+    ]
+    parts = [f"iter {r['iteration']:3d}"] + [f"{name} {r[k]:.3f}" for name, k in keys if k in r]
+    return "  ".join(parts)
+
+
+def loss_config(cfg: TrainConfig) -> LossConfig:
+    a = cfg.algo
+    return LossConfig(
+        kind=a.policy_loss,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=a.dual_clip,
+        agg=a.agg,
+        kl_coef=a.kl_coef,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        value_clip=a.value_clip,
+    )
+
+
+def loop_config(cfg: TrainConfig, *, greedy: bool = False) -> LoopConfig:
+    r = cfg.rollout
+    return LoopConfig(
+        max_turns=r.max_turns,
+        max_context=r.max_context,
+        max_new_tokens=r.max_new_tokens,
+        temperature=0.0 if greedy else r.temperature,
+        top_p=r.top_p,
+        tool_format=r.tool_format,
+        deadline_s=r.deadline_s,
+        seed=None if greedy else cfg.run.seed,
+    )
+
+
+def _load_policy(cfg: TrainConfig):
+    from agentrl.models import load_model, tiny_chat_model
+
+    if cfg.model.name == "tiny":
+        return tiny_chat_model(seed=cfg.run.seed, hidden=cfg.model.tiny_hidden, layers=cfg.model.tiny_layers)
+    return load_model(cfg.model.name)
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+async def setup(cfg: TrainConfig, log=print) -> Run:
+    _seed(cfg.run.seed)
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    policy, tokenizer = _load_policy(cfg)
+    o = cfg.optim
+    iters = cfg.run.iterations
+    backend = TorchBackend(
+        policy,
+        actor_lr=o.actor_lr,
+        critic_lr=o.critic_lr,
+        weight_decay=o.weight_decay,
+        warmup_steps=o.warmup_steps,
+        schedule=o.schedule,
+        total_steps=iters * o.epochs * o.minibatches,
+        grad_clip=o.grad_clip,
+        epochs=o.epochs,
+        minibatches=o.minibatches,
+        micro_token_budget=o.micro_token_budget,
+        logprob_chunk=o.logprob_chunk,
+        dtype=cfg.model.dtype,
+        reference=cfg.algo.kl_coef > 0,
+        seed=cfg.run.seed,
+    )
+    # The inference engine holds its own copy of the weights, synced after every update.
+    engine = LocalEngine(copy.deepcopy(policy).eval())
+    env_factory = lambda: make(cfg.env.id, **cfg.env.args)  # noqa: E731
+    store = TrajectoryStore(run_dir / "trajectories")
+    pool = RolloutPool(
+        env_factory,
+        engine,
+        tokenizer,
+        loop_config(cfg),
+        store=store,
+        concurrency=cfg.rollout.concurrency,
+        n_samples=cfg.rollout.n_samples,
+        progress=cfg.metrics.progress,
+    )
+    metrics = MetricsLogger(
+        run_dir,
+        tensorboard=cfg.metrics.tensorboard,
+        wandb=cfg.metrics.wandb,
+        wandb_mode=cfg.metrics.wandb_mode,
+        config=cfg.model_dump(),
+    )
+    checkpoints = Checkpoints(run_dir, keep=cfg.run.keep_checkpoints)
+    cursor = TaskCursor(cfg.env.train_tasks, seed=cfg.run.seed)
+    run = Run(
+        cfg, log, policy, tokenizer, engine, backend, pool, store, metrics, checkpoints, cursor, env_factory()
+    )
+    latest = checkpoints.latest() if cfg.run.resume else None
+    if cfg.run.resume and latest is None:
+        log(f"resume=true but {checkpoints.dir} holds no complete checkpoint: starting from scratch")
+    if latest is not None:
+        saved = checkpoints.load(latest, backend)
+        run.start = saved["iteration"]
+        cursor.restore(saved["cursor"])
+        run.state = saved.get("state", {})
+        metrics.truncate_after(run.start - 1)
+        await engine.update_weights(backend.engine_state_dict())
+        log(f"resumed from {latest} at iteration {run.start}")
+    elif not cfg.run.resume:
+        metrics.truncate_after(-1)
+    return run
+
+
+async def warm_start(run: Run) -> None:
+    """Supervised warm start on the scripted expert's episodes, played through the real loop."""
+    cfg = run.cfg
+    if cfg.sft.episodes == 0:
+        return
+    from agentrl.rollout.scripted import ScriptedEngine
+
+    expert_texts = _expert_texts(cfg)
+    engine = ScriptedEngine(run.tokenizer)
+    renderer = _Renderer(run.tokenizer, None)
+    loop = loop_config(cfg)
+    loop.max_turns = max(loop.max_turns, 8)
+    trajectories: list[Trajectory] = []
+    # Expert episodes use training tasks from the far end of the training set's index range.
+    indices = [cfg.env.train_tasks + i for i in range(cfg.sft.episodes)]
+
+    async def one(i: int) -> Trajectory:
+        env = make(cfg.env.id, **cfg.env.args)
+        task = env.task(cfg.env.train_split, i)
+        obs = await env.reset(task)
+        engine.add(renderer.prompt(obs.messages, obs.tools), expert_texts(env.spec, cfg.rollout.tool_format))
+        await env.close()
+        return await run_episode(
+            make(cfg.env.id, **cfg.env.args), engine, run.tokenizer, task, loop, renderer=renderer
+        )
+
+    slots = asyncio.Semaphore(cfg.rollout.concurrency)
+
+    async def bounded(i):
+        async with slots:
+            return await one(i)
+
+    trajectories = await asyncio.gather(*(bounded(i) for i in indices))
+    solved = [t for t in trajectories if t.reward == 1.0]
+    batch = Batch.from_trajectories(solved)
+    losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr)
+    await run.engine.update_weights(run.backend.engine_state_dict())
+    run.state["sft"] = {"episodes": len(solved), "loss_first": losses[0], "loss_last": losses[-1]}
+    run.log(f"warm start: {len(solved)} expert episodes, SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
+
+def _expert_texts(cfg: TrainConfig):
+    if cfg.env.id != "bugfix-v0":
+        raise ValueError(
+            f"sft.episodes > 0 needs a scripted expert; only bugfix-v0 has one (env.id is {cfg.env.id})"
+        )
+    from agentrl.envs.bugfix import expert_texts
+
+    return expert_texts
+
+
+async def evaluate(run: Run) -> float:
+    """Greedy success rate on the held-out split (reward 1 = solved)."""
+    cfg = run.cfg
+    if cfg.env.eval_tasks == 0:
+        return float("nan")
+    tasks = [run.probe_env.task(cfg.env.eval_split, i) for i in range(cfg.env.eval_tasks)]
+    pool = RolloutPool(
+        lambda: make(cfg.env.id, **cfg.env.args),
+        run.engine,
+        run.tokenizer,
+        loop_config(cfg, greedy=True),
+        concurrency=cfg.rollout.concurrency,
+        progress=False,
+    )
+    trajectories = await pool.run(tasks)
+    success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
+    run.log(f"held-out success on {len(tasks)} {cfg.env.eval_split} tasks: {success:.3f}")
+    return success
+
+
+def token_weights(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor | None, dict[str, float]]:
+    if algo.token_filter == "none":
+        return None, {}
+    weights, metrics = icepop_weights(
+        batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask, algo.icepop_low, algo.icepop_high
+    )
+    if algo.token_filter == "tis":
+        # Truncated importance sampling: keep every token, weight min(k, high).
+        k = torch.exp(batch.old_logprobs - batch.rollout_logprobs)
+        weights = torch.where(batch.loss_mask, k.clamp(max=algo.icepop_high), torch.zeros_like(k))
+        return weights, {
+            "tis_mean_weight": float(weights[batch.loss_mask].mean()) if batch.loss_mask.any() else 1.0
+        }
+    gap = (batch.old_logprobs - batch.rollout_logprobs)[batch.loss_mask]
+    metrics["logprob_gap_mean_abs"] = float(gap.abs().mean()) if gap.numel() else 0.0
+    return weights, metrics
+
+
+def advantages(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    mask = batch.loss_mask
+    metrics: dict[str, float] = {}
+    if algo.estimator == "gae":
+        rewards = torch.zeros_like(batch.old_values)
+        has = mask.any(1)
+        last = torch.where(mask, torch.arange(mask.shape[1]), -1).max(1).values  # last trainable token
+        rows = torch.nonzero(has).squeeze(1)
+        rewards[rows, last[rows]] = batch.rewards[rows]
+        adv, ret = gae(rewards, batch.old_values, mask, algo.gamma, algo.lam)
+    else:
+        seq, metrics = group_advantages(batch.rewards, batch.group_ids, algo.estimator)
+        adv = torch.where(mask, seq[:, None].expand_as(mask), torch.zeros(()))
+        ret = torch.where(mask, batch.rewards[:, None].expand_as(mask), torch.zeros(()))
+    raw = adv[mask]
+    metrics["zero_adv_frac"] = float((raw == 0).float().mean()) if raw.numel() else 0.0
+    if algo.normalize_advantages and raw.numel() > 1 and float(raw.std()) > 0:
+        adv = torch.where(mask, (adv - raw.mean()) / (raw.std() + 1e-8), torch.zeros(()))
+    metrics["advantage_mean_abs"] = float(raw.abs().mean()) if raw.numel() else 0.0
+    return adv, ret, metrics
+
+
+def rollout_metrics(trajectories: list[Trajectory], seconds: float) -> dict[str, Any]:
+    n = max(len(trajectories), 1)
+    statuses = Counter(t.status for t in trajectories)
+    tokens = sum(len(t) for t in trajectories)
+    return {
+        "reward_mean": sum(t.reward for t in trajectories) / n,
+        "success_rate": sum(t.reward >= 1.0 for t in trajectories) / n,
+        "statuses": dict(statuses),
+        "truncation_rate": (statuses["truncated_context"] + statuses["max_turns"] + statuses["timeout"]) / n,
+        "turns_mean": sum(len(t.finish_reasons) for t in trajectories) / n,
+        "length_mean": tokens / n,
+        "tool_call_errors": sum(t.extra.get("tool_call_errors", 0) for t in trajectories) / n,
+        "rollout_tokens_per_s": tokens / max(seconds, 1e-9),
+    }
+
+
+async def finish(run: Run) -> dict[str, Any]:
+    cfg = run.cfg
+    after = await evaluate(run)
+    before = run.state.get("eval_before", float("nan"))
+    summary = {
+        "run_dir": str(cfg.run_dir),
+        "iterations": cfg.run.iterations,
+        "eval_before": before,
+        "eval_after": after,
+        "seconds": time.monotonic() - run.started_at,
+    }
+    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    curve = plot_curve(run.metrics.read(), cfg.run_dir / "curve.png", before, after)
+    run.store.close()
+    run.metrics.close()
+    await run.engine.close()
+    run.log(
+        f"{cfg.run.name}: held-out success {before:.3f} -> {after:.3f} over {cfg.run.iterations} iterations "
+        f"in {summary['seconds']:.0f}s; curve {curve or '(matplotlib not installed)'}"
+    )
+    return summary
+
+
+def plot_curve(records: list[dict[str, Any]], path, before: float, after: float) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    its = [r["iteration"] for r in records]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(its, [r.get("reward_mean", 0) for r in records], label="train reward")
+    ax.plot(its, [r.get("success_rate", 0) for r in records], label="train success")
+    evals = [(r["iteration"], r["eval_success"]) for r in records if "eval_success" in r]
+    points = [(-1, before), *evals, (its[-1] if its else 0, after)]
+    ax.plot([p[0] for p in points], [p[1] for p in points], "o--", label="held-out success")
+    ax.set_xlabel("iteration")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)

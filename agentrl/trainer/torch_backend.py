@@ -1,0 +1,342 @@
+"""The PyTorch training backend: a Hugging Face causal LM policy and a value model, on CPU or one GPU.
+
+- The value model is the policy's architecture with a scalar head: the policy's backbone weights
+  (copied, then trained separately) and a fresh ``Linear(hidden, 1)``.
+- Rows are packed, not padded: rows are grouped under ``micro_token_budget`` tokens, concatenated
+  into one sequence with per-row position ids and a block-diagonal causal mask, so no token
+  attends across rows and no compute goes to padding.
+- Log-probs come from ``token_logprobs`` (chunked over the vocabulary: the ``[tokens, vocab]``
+  logits are never held whole).
+- Gradient accumulation over micro-batches scales each one by its share of the minibatch's
+  trainable tokens (or sequences, for sequence-level aggregations), so the result equals one
+  big batch. AdamW, a warmup + constant/cosine schedule, gradient clipping, fp32 or bf16 autocast.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from agentrl.algo import kl_penalty, policy_loss, token_logprobs, value_loss
+from agentrl.trainer.backend import Batch, LossConfig
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    return getattr(model, model.base_model_prefix)
+
+
+class ValueModel(nn.Module):
+    """A causal LM backbone with a scalar head: V(state before token t) from the hidden state at t-1."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.backbone = copy.deepcopy(_backbone(policy))
+        hidden = policy.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(hidden) * 0.1)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, **kwargs) -> Tensor:
+        hidden = self.backbone(**kwargs).last_hidden_state
+        return self.head(hidden).squeeze(-1)
+
+
+def pack(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
+    """Group ``rows`` (longest first) into micro-batches of at most ``budget`` tokens (a longer row goes alone)."""
+    groups: list[list[int]] = []
+    sizes: list[int] = []
+    for r in sorted(rows, key=lambda r: -lengths[r]):
+        for g, used in enumerate(sizes):
+            if used + lengths[r] <= budget:
+                groups[g].append(r)
+                sizes[g] += lengths[r]
+                break
+        else:
+            groups.append([r])
+            sizes.append(lengths[r])
+    return groups
+
+
+def _packed_inputs(
+    batch: Batch, rows: list[int], device
+) -> tuple[dict[str, Tensor], list[tuple[int, int, int]]]:
+    """One sequence holding ``rows``; returns model kwargs and ``(row, start, length)`` spans."""
+    ids, positions, segments, spans = [], [], [], []
+    start = 0
+    for k, r in enumerate(rows):
+        n = int(batch.lengths[r])
+        ids.append(batch.input_ids[r, :n])
+        positions.append(torch.arange(n))
+        segments.append(torch.full((n,), k))
+        spans.append((r, start, n))
+        start += n
+    seg = torch.cat(segments)
+    allowed = torch.tril(torch.ones(start, start, dtype=torch.bool)) & (seg[:, None] == seg[None, :])
+    kwargs = {
+        "input_ids": torch.cat(ids)[None].to(device),
+        "position_ids": torch.cat(positions)[None].to(device),
+        "attention_mask": allowed[None, None].to(device),
+    }
+    return kwargs, spans
+
+
+class TorchBackend:
+    def __init__(
+        self,
+        policy: nn.Module,
+        *,
+        actor_lr: float = 1e-4,
+        critic_lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        schedule: str = "constant",
+        total_steps: int = 1000,
+        grad_clip: float = 1.0,
+        epochs: int = 1,
+        minibatches: int = 1,
+        micro_token_budget: int = 8192,
+        logprob_chunk: int = 1024,
+        dtype: str = "float32",
+        reference: bool = False,
+        critic: bool = True,
+        seed: int = 0,
+    ):
+        self.policy = policy.train()
+        self.device = next(policy.parameters()).device
+        self.critic = ValueModel(policy).to(self.device).train() if critic else None
+        self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if reference else None
+        self.epochs, self.minibatches = epochs, minibatches
+        self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
+        self.autocast = dtype == "bfloat16"
+        self.generator = torch.Generator().manual_seed(seed)
+        self.actor_opt = torch.optim.AdamW(policy.parameters(), lr=actor_lr, weight_decay=weight_decay)
+        self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(
+                self.critic.parameters(), lr=critic_lr, weight_decay=weight_decay
+            )
+            self.critic_sched = self._schedule(self.critic_opt, warmup_steps, schedule, total_steps)
+
+    @staticmethod
+    def _schedule(opt, warmup: int, kind: str, total: int):
+        def factor(step: int) -> float:
+            if warmup and step < warmup:
+                return (step + 1) / warmup
+            if kind == "cosine":
+                progress = min(1.0, (step - warmup) / max(1, total - warmup))
+                return 0.5 * (1 + math.cos(math.pi * progress))
+            return 1.0
+
+        return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+    def _ctx(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
+
+    # -- forward passes over packed rows --
+    def _row_logprobs(self, model: nn.Module, batch: Batch, rows: list[int], temperature: float) -> Tensor:
+        """[len(rows), T] log-prob of each token given its prefix (column 0 is 0)."""
+        kwargs, spans = _packed_inputs(batch, rows, self.device)
+        with self._ctx():
+            hidden = _backbone(model)(**kwargs).last_hidden_state[0]
+        weight = model.get_output_embeddings().weight
+        # Token t of a row is predicted from the hidden state at t-1 of the same row.
+        src = torch.cat([torch.arange(s, s + n - 1) for _, s, n in spans]).to(self.device)
+        targets = kwargs["input_ids"][0][src + 1]
+        logp = token_logprobs(hidden[src].float(), weight.float(), targets, temperature, self.chunk)
+        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=self.device)
+        at = 0
+        for k, (_, _, n) in enumerate(spans):
+            out[k, 1:n] = logp[at : at + n - 1]
+            at += n - 1
+        return out
+
+    def _row_values(self, batch: Batch, rows: list[int]) -> Tensor:
+        kwargs, spans = _packed_inputs(batch, rows, self.device)
+        with self._ctx():
+            v = self.critic(**kwargs)[0].float()
+        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=self.device)
+        for k, (_, s, n) in enumerate(spans):
+            out[k, 1:n] = v[s : s + n - 1]
+        return out
+
+    @torch.no_grad()
+    def _all(self, fn, batch: Batch) -> Tensor:
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        lengths = batch.lengths.tolist()
+        for rows in pack(lengths, list(range(batch.size)), self.budget):
+            out[rows] = fn(rows).cpu()
+        return out
+
+    def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
+        return self._all(lambda rows: self._row_logprobs(self.policy, batch, rows, temperature), batch)
+
+    def ref_logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
+        if self.reference is None:
+            raise RuntimeError(
+                "this backend was built without a reference model (reference=True for a KL term)"
+            )
+        return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
+
+    def values(self, batch: Batch) -> Tensor:
+        return self._all(lambda rows: self._row_values(batch, rows), batch)
+
+    # -- updates --
+    def _minibatches(self, batch: Batch) -> list[list[int]]:
+        order = torch.randperm(batch.size, generator=self.generator).tolist()
+        n = max(1, min(self.minibatches, batch.size))
+        return [order[i::n] for i in range(n)]
+
+    def _step(
+        self, model, opt, sched, batch: Batch, loss_fn, share_fn, epochs: int
+    ) -> list[dict[str, float]]:
+        history = []
+        lengths = batch.lengths.tolist()
+        for _ in range(epochs):
+            for rows in self._minibatches(batch):
+                opt.zero_grad(set_to_none=True)
+                total = share_fn(rows)
+                metrics: dict[str, float] = {}
+                if total == 0:
+                    continue
+                for micro in pack(lengths, rows, self.budget):
+                    loss, m = loss_fn(micro)
+                    (loss * (share_fn(micro) / total)).backward()
+                    for k, v in m.items():
+                        metrics[k] = metrics.get(k, 0.0) + v * share_fn(micro) / total
+                metrics["grad_norm"] = float(
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
+                )
+                opt.step()
+                sched.step()
+                history.append(metrics)
+        return history
+
+    def _share(self, batch: Batch, agg: str):
+        if agg == "token-mean":
+            return lambda rows: int(batch.loss_mask[rows].sum())
+        return lambda rows: int((batch.loss_mask[rows].sum(1) > 0).sum())
+
+    def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
+        device = self.device
+
+        def loss_fn(micro: list[int]):
+            logp = self._row_logprobs(self.policy, batch, micro, loss.temperature)
+            sub = batch.rows(micro)
+            value, metrics = policy_loss(
+                logp,
+                sub.old_logprobs.to(device),
+                sub.advantages.to(device),
+                sub.loss_mask.to(device),
+                loss.kind,
+                clip_low=loss.clip_low,
+                clip_high=loss.clip_high,
+                dual_clip=loss.dual_clip,
+                token_weights=None if sub.token_weights is None else sub.token_weights.to(device),
+                agg=loss.agg,
+            )
+            if loss.kl_coef > 0:
+                kl, kl_metrics = kl_penalty(logp, sub.ref_logprobs.to(device), sub.loss_mask.to(device))
+                value = value + loss.kl_coef * kl.sum() / sub.loss_mask.sum().clamp(min=1)
+                metrics.update(kl_metrics)
+            metrics["policy_loss"] = float(value.detach())
+            return value, metrics
+
+        agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
+        history = self._step(
+            self.policy,
+            self.actor_opt,
+            self.actor_sched,
+            batch,
+            loss_fn,
+            self._share(batch, agg),
+            self.epochs,
+        )
+        return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
+
+    def train_critic(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
+        device = self.device
+
+        def loss_fn(micro: list[int]):
+            v = self._row_values(batch, micro)
+            sub = batch.rows(micro)
+            value, metrics = value_loss(
+                v,
+                sub.old_values.to(device),
+                sub.returns.to(device),
+                sub.loss_mask.to(device),
+                clip=loss.value_clip,
+            )
+            metrics["value_loss"] = float(value.detach())
+            return value, metrics
+
+        history = self._step(
+            self.critic,
+            self.critic_opt,
+            self.critic_sched,
+            batch,
+            loss_fn,
+            self._share(batch, "token-mean"),
+            self.epochs,
+        )
+        return _mean(history, prefix="critic/")
+
+    def train_sft(self, batch: Batch, *, epochs: int, lr: float) -> list[float]:
+        """Supervised warm start: maximise the log-likelihood of the sampled tokens. Returns the loss per epoch."""
+        opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
+        sched = self._schedule(opt, 0, "constant", 1)
+        losses = []
+
+        def loss_fn(micro: list[int]):
+            logp = self._row_logprobs(self.policy, batch, micro, 1.0)
+            mask = batch.loss_mask[micro].to(self.device)
+            value = -(logp * mask).sum() / mask.sum().clamp(min=1)
+            return value, {"sft_loss": float(value.detach())}
+
+        for _ in range(epochs):
+            history = self._step(self.policy, opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1)
+            losses.append(_mean(history)["sft_loss"])
+        return losses
+
+    # -- weights and checkpoints --
+    def engine_state_dict(self) -> dict[str, Any]:
+        return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+
+    def save(self, path: str) -> None:
+        state = {
+            "policy": self.policy.state_dict(),
+            "actor_opt": self.actor_opt.state_dict(),
+            "actor_sched": self.actor_sched.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+        if self.critic is not None:
+            state |= {
+                "critic": self.critic.state_dict(),
+                "critic_opt": self.critic_opt.state_dict(),
+                "critic_sched": self.critic_sched.state_dict(),
+            }
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        torch.save(state, Path(path) / "backend.pt")
+
+    def load(self, path: str) -> None:
+        state = torch.load(Path(path) / "backend.pt", map_location=self.device, weights_only=False)
+        self.policy.load_state_dict(state["policy"])
+        self.actor_opt.load_state_dict(state["actor_opt"])
+        self.actor_sched.load_state_dict(state["actor_sched"])
+        self.generator.set_state(state["generator"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_opt"])
+            self.critic_sched.load_state_dict(state["critic_sched"])
+        if self.reference is not None and "reference" in state:
+            self.reference.load_state_dict(state["reference"])
+
+
+def _mean(history: list[dict[str, float]], prefix: str = "") -> dict[str, float]:
+    keys = {k for h in history for k in h}
+    return {prefix + k: sum(h.get(k, 0.0) for h in history) / max(1, len(history)) for k in sorted(keys)}

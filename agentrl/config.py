@@ -104,7 +104,10 @@ class OptimConfig(Section):
     minibatches: int = Field(1, ge=1)
     """Optimizer steps per epoch."""
     micro_token_budget: int = Field(8192, ge=64)
-    """Tokens packed into one forward/backward (gradient accumulation above it)."""
+    """Tokens in one forward/backward (gradient accumulation above it)."""
+    packing: Literal["padded", "packed"] = "padded"
+    """``packed``: rows concatenated with a block-diagonal mask (for varlen attention kernels);
+    ``padded``: length-bucketed rows, each micro-batch padded to its own longest (CPU / SDPA)."""
     logprob_chunk: int = Field(1024, ge=16)
 
 

@@ -60,7 +60,9 @@ class AgentEnv(Protocol):
     """An environment the agent loop drives. An env owns its sandbox(es) (``agentrl.sandbox.make_sandbox``).
 
     ``deterministic = True`` promises that ``reset`` of the same task gives the same observation.
-    Environments with a reward only at the end implement ``async grade() -> float``.
+    Environments with a reward only at the end implement ``async grade() -> float``. An env that
+    also reads the assistant's plain text (outside tool calls) sets ``reads_text = True`` and takes
+    ``step(tool_calls, text=...)``.
     """
 
     async def reset(self, task: Task) -> Observation: ...

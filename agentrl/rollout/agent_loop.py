@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,7 @@ class LoopConfig:
     grade_on_truncation: bool = True
     """When the episode ends on max_turns, context or deadline, ask the env to grade the work so far."""
     seed: int | None = None
-    """Base sampling seed (turn k of sample s uses seed + 1000 * s + k)."""
+    """Base sampling seed; each (task, sample, turn) draws its own seed from it (None: unseeded)."""
     extra_sampling: dict[str, Any] = field(default_factory=dict)
 
 
@@ -219,7 +220,9 @@ async def run_episode(
                 top_p=cfg.top_p,
                 top_k=cfg.top_k,
                 stop_token_ids=[render.eot_id],
-                seed=None if cfg.seed is None else cfg.seed + 1000 * sample_index + turn,
+                seed=None
+                if cfg.seed is None
+                else zlib.crc32(f"{cfg.seed}/{task.id}/{sample_index}/{turn}".encode()),
             )
             t0 = time.monotonic()
             gen = await _with_retries(
@@ -251,7 +254,12 @@ async def run_episode(
                 break
 
             t1 = time.monotonic()
-            result = await asyncio.wait_for(env.step(parsed.calls), max(left(), 0.001))
+            step = (
+                env.step(parsed.calls, text=parsed.content)
+                if getattr(env, "reads_text", False)
+                else env.step(parsed.calls)
+            )
+            result = await asyncio.wait_for(step, max(left(), 0.001))
             traj.timings.append({"generate_s": generate_s, "tool_s": time.monotonic() - t1})
             for call in result.info.get("tool_calls", []):
                 traj.tool_calls.append({"turn": turn - 1, **call})

@@ -140,6 +140,7 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         epochs=o.epochs,
         minibatches=o.minibatches,
         micro_token_budget=o.micro_token_budget,
+        packing=o.packing,
         logprob_chunk=o.logprob_chunk,
         dtype=cfg.model.dtype,
         reference=cfg.algo.kl_coef > 0,
@@ -198,7 +199,8 @@ async def warm_start(run: Run) -> None:
     engine = ScriptedEngine(run.tokenizer)
     renderer = _Renderer(run.tokenizer, None)
     loop = loop_config(cfg)
-    loop.max_turns = max(loop.max_turns, 8)
+    loop.max_turns, loop.max_new_tokens = max(loop.max_turns, 8), max(loop.max_new_tokens, 1024)
+    loop.max_context = max(loop.max_context, 16384)
     trajectories: list[Trajectory] = []
     # Expert episodes use training tasks from the far end of the training set's index range.
     indices = [cfg.env.train_tasks + i for i in range(cfg.sft.episodes)]
@@ -221,6 +223,10 @@ async def warm_start(run: Run) -> None:
 
     trajectories = await asyncio.gather(*(bounded(i) for i in indices))
     solved = [t for t in trajectories if t.reward == 1.0]
+    if not solved:
+        raise RuntimeError(
+            f"the scripted expert solved none of {len(trajectories)} warm-start episodes: {Counter(t.status for t in trajectories)}"
+        )
     batch = Batch.from_trajectories(solved)
     losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr)
     await run.engine.update_weights(run.backend.engine_state_dict())

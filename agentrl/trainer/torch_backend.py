@@ -2,9 +2,12 @@
 
 - The value model is the policy's architecture with a scalar head: the policy's backbone weights
   (copied, then trained separately) and a fresh ``Linear(hidden, 1)``.
-- Rows are packed, not padded: rows are grouped under ``micro_token_budget`` tokens, concatenated
-  into one sequence with per-row position ids and a block-diagonal causal mask, so no token
-  attends across rows and no compute goes to padding.
+- Rows are never padded to the longest of the batch. ``packing="packed"`` concatenates rows under
+  ``micro_token_budget`` tokens into one sequence with per-row position ids and a block-diagonal
+  causal mask (no token attends across rows, no compute on padding: right with varlen attention
+  kernels). ``packing="padded"`` (the default, for CPU and SDPA, whose cost with a dense mask grows
+  with the square of the pack length) groups rows of similar length, each group padded only to
+  its own longest row, under the same budget counting padding.
 - Log-probs come from ``token_logprobs`` (chunked over the vocabulary: the ``[tokens, vocab]``
   logits are never held whole).
 - Gradient accumulation over micro-batches scales each one by its share of the minibatch's
@@ -46,6 +49,18 @@ class ValueModel(nn.Module):
         return self.head(hidden).squeeze(-1)
 
 
+def bucket(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
+    """Group ``rows`` of similar length: sorted longest first, each group padded to its first row's length
+    holds at most ``budget`` tokens, padding included (a longer row goes alone)."""
+    groups: list[list[int]] = []
+    for r in sorted(rows, key=lambda r: -lengths[r]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
+
+
 def pack(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
     """Group ``rows`` (longest first) into micro-batches of at most ``budget`` tokens (a longer row goes alone)."""
     groups: list[list[int]] = []
@@ -60,6 +75,15 @@ def pack(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
             groups.append([r])
             sizes.append(lengths[r])
     return groups
+
+
+def _padded_inputs(batch: Batch, rows: list[int], device) -> dict[str, Tensor]:
+    width = int(batch.lengths[rows].max())
+    attention = torch.arange(width)[None, :] < batch.lengths[rows][:, None]
+    return {
+        "input_ids": batch.input_ids[rows, :width].to(device),
+        "attention_mask": attention.long().to(device),
+    }
 
 
 def _packed_inputs(
@@ -104,6 +128,7 @@ class TorchBackend:
         dtype: str = "float32",
         reference: bool = False,
         critic: bool = True,
+        packing: str = "padded",
         seed: int = 0,
     ):
         self.policy = policy.train()
@@ -112,6 +137,10 @@ class TorchBackend:
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if reference else None
         self.epochs, self.minibatches = epochs, minibatches
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
+        if packing not in ("padded", "packed"):
+            raise ValueError(f"packing must be 'padded' or 'packed'; got {packing!r}")
+        self.packing = packing
+        self._group = pack if packing == "packed" else bucket
         self.autocast = dtype == "bfloat16"
         self.generator = torch.Generator().manual_seed(seed)
         self.actor_opt = torch.optim.AdamW(policy.parameters(), lr=actor_lr, weight_decay=weight_decay)
@@ -138,37 +167,50 @@ class TorchBackend:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
 
     # -- forward passes over packed rows --
-    def _row_logprobs(self, model: nn.Module, batch: Batch, rows: list[int], temperature: float) -> Tensor:
-        """[len(rows), T] log-prob of each token given its prefix (column 0 is 0)."""
-        kwargs, spans = _packed_inputs(batch, rows, self.device)
+    def _hidden(self, backbone: nn.Module, batch: Batch, rows: list[int]) -> Tensor:
+        """Hidden states of the first ``length - 1`` tokens of each row, concatenated: ``[sum(len - 1), H]``.
+
+        Token t of a row is predicted from (and valued at) the hidden state at t-1 of the same row.
+        """
+        lengths = [int(batch.lengths[r]) for r in rows]
         with self._ctx():
-            hidden = _backbone(model)(**kwargs).last_hidden_state[0]
-        weight = model.get_output_embeddings().weight
-        # Token t of a row is predicted from the hidden state at t-1 of the same row.
-        src = torch.cat([torch.arange(s, s + n - 1) for _, s, n in spans]).to(self.device)
-        targets = kwargs["input_ids"][0][src + 1]
-        logp = token_logprobs(hidden[src].float(), weight.float(), targets, temperature, self.chunk)
-        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=self.device)
+            if self.packing == "packed":
+                kwargs, spans = _packed_inputs(batch, rows, self.device)
+                h = backbone(**kwargs).last_hidden_state[0]
+                src = torch.cat([torch.arange(s, s + n - 1) for _, s, n in spans]).to(self.device)
+                return h[src]
+            h = backbone(**_padded_inputs(batch, rows, self.device)).last_hidden_state
+            return torch.cat([h[k, : n - 1] for k, n in enumerate(lengths)])
+
+    def _scatter(self, flat: Tensor, batch: Batch, rows: list[int]) -> Tensor:
+        """``[sum(len - 1)]`` per-token values -> ``[len(rows), T]`` with column 0 left at 0."""
+        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=self.device, dtype=flat.dtype)
         at = 0
-        for k, (_, _, n) in enumerate(spans):
-            out[k, 1:n] = logp[at : at + n - 1]
+        for k, r in enumerate(rows):
+            n = int(batch.lengths[r])
+            out[k, 1:n] = flat[at : at + n - 1]
             at += n - 1
         return out
 
+    def _row_logprobs(self, model: nn.Module, batch: Batch, rows: list[int], temperature: float) -> Tensor:
+        """[len(rows), T] log-prob of each token given its prefix (column 0 is 0)."""
+        hidden = self._hidden(_backbone(model), batch, rows)
+        targets = torch.cat([batch.input_ids[r, 1 : int(batch.lengths[r])] for r in rows]).to(self.device)
+        weight = model.get_output_embeddings().weight
+        logp = token_logprobs(hidden.float(), weight.float(), targets, temperature, self.chunk)
+        return self._scatter(logp, batch, rows)
+
     def _row_values(self, batch: Batch, rows: list[int]) -> Tensor:
-        kwargs, spans = _packed_inputs(batch, rows, self.device)
+        hidden = self._hidden(self.critic.backbone, batch, rows)
         with self._ctx():
-            v = self.critic(**kwargs)[0].float()
-        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=self.device)
-        for k, (_, s, n) in enumerate(spans):
-            out[k, 1:n] = v[s : s + n - 1]
-        return out
+            values = self.critic.head(hidden).squeeze(-1).float()
+        return self._scatter(values, batch, rows)
 
     @torch.no_grad()
     def _all(self, fn, batch: Batch) -> Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         lengths = batch.lengths.tolist()
-        for rows in pack(lengths, list(range(batch.size)), self.budget):
+        for rows in self._group(lengths, list(range(batch.size)), self.budget):
             out[rows] = fn(rows).cpu()
         return out
 
@@ -203,7 +245,7 @@ class TorchBackend:
                 metrics: dict[str, float] = {}
                 if total == 0:
                     continue
-                for micro in pack(lengths, rows, self.budget):
+                for micro in self._group(lengths, rows, self.budget):
                     loss, m = loss_fn(micro)
                     (loss * (share_fn(micro) / total)).backward()
                     for k, v in m.items():

@@ -1,0 +1,32 @@
+"""A toy environment with one right answer: say the magic word."""
+
+from agentrl.env import Observation, StepResult, Task
+from agentrl.tools import SUBMIT
+
+MAGIC = "assert"  # " assert" is one token of the tiny tokenizer
+
+
+class MagicWordEnv:
+    """One turn. Reward 1 if the assistant's text contains the magic word, else 0."""
+
+    deterministic = True
+    reads_text = True
+
+    def __init__(self, word: str = MAGIC):
+        self.word = word
+
+    def task(self, split: str, index: int) -> Task:
+        return Task(f"{split}-{index}", {})
+
+    def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
+        return [self.task(split, i) for i in range(start, start + n)]
+
+    async def reset(self, task: Task) -> Observation:
+        return Observation([{"role": "user", "content": "Say the magic word."}], [SUBMIT])
+
+    async def step(self, tool_calls, text: str = "") -> StepResult:
+        reward = 1.0 if self.word in text else 0.0
+        return StepResult([], reward, True, {"status": "completed"})
+
+    async def close(self) -> None:
+        pass

@@ -116,6 +116,8 @@ class SFTConfig(Section):
     """Scripted-expert episodes for a supervised warm start of the policy (0: none)."""
     epochs: int = Field(3, ge=1)
     lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(8, ge=1)
+    """Episodes per optimizer step."""
 
 
 class MetricsConfig(Section):

@@ -16,12 +16,18 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Tool calls are ordinary text, so that a model writes them token by token like any other.
+# Tool signatures are rendered compactly (a tiny model has no use for long descriptions, and
+# every prompt token costs rollout and training time); calls are ordinary text, written token by token.
 CHAT_TEMPLATE = """{%- if tools %}
 {{- '<|im_start|>system\\n' }}
-{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
-{{- '# Tools\\nYou may call one or more functions. Their signatures are in <tools></tools>:\\n<tools>' }}
-{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '\\n</tools>\\nFor each call, write <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.<|im_end|>\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n' }}{%- endif %}
+{{- 'Tools:' }}
+{%- for tool in tools %}
+{{- '\\n- ' + tool.function.name + '(' }}
+{%- for arg in tool.function.parameters.properties %}{{- arg }}{%- if not loop.last %}{{- ', ' }}{%- endif %}{%- endfor %}
+{{- ')' }}
+{%- endfor %}
+{{- '\\nCall a tool with <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.<|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}

@@ -228,7 +228,7 @@ async def warm_start(run: Run) -> None:
             f"the scripted expert solved none of {len(trajectories)} warm-start episodes: {Counter(t.status for t in trajectories)}"
         )
     batch = Batch.from_trajectories(solved)
-    losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr)
+    losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size)
     await run.engine.update_weights(run.backend.engine_state_dict())
     run.state["sft"] = {"episodes": len(solved), "loss_first": losses[0], "loss_last": losses[-1]}
     run.log(f"warm start: {len(solved)} expert episodes, SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")

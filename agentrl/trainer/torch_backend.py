@@ -327,8 +327,9 @@ class TorchBackend:
         )
         return _mean(history, prefix="critic/")
 
-    def train_sft(self, batch: Batch, *, epochs: int, lr: float) -> list[float]:
-        """Supervised warm start: maximise the log-likelihood of the sampled tokens. Returns the loss per epoch."""
+    def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
+        """Supervised warm start: maximise the log-likelihood of the sampled tokens, ``batch_size``
+        episodes per optimizer step. Returns the mean loss of each epoch."""
         opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
         sched = self._schedule(opt, 0, "constant", 1)
         losses = []
@@ -339,9 +340,15 @@ class TorchBackend:
             value = -(logp * mask).sum() / mask.sum().clamp(min=1)
             return value, {"sft_loss": float(value.detach())}
 
-        for _ in range(epochs):
-            history = self._step(self.policy, opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1)
-            losses.append(_mean(history)["sft_loss"])
+        steps, self.minibatches = self.minibatches, max(1, batch.size // batch_size)
+        try:
+            for _ in range(epochs):
+                history = self._step(
+                    self.policy, opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1
+                )
+                losses.append(_mean(history)["sft_loss"])
+        finally:
+            self.minibatches = steps
         return losses
 
     # -- weights and checkpoints --

@@ -235,7 +235,7 @@ def expert_turns(spec: BugfixTask) -> list[list[ToolCall]]:
     """The scripted expert: run the tests, view the buggy file, fix it, run the tests, submit."""
     fix = spec.fix
     return [
-        [ToolCall("bash", {"command": "python3 -m pytest -q"}, id="call_0")],
+        [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")],
         [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")],
         [
             ToolCall(
@@ -244,7 +244,7 @@ def expert_turns(spec: BugfixTask) -> list[list[ToolCall]]:
                 id="call_0",
             )
         ],
-        [ToolCall("bash", {"command": "python3 -m pytest -q"}, id="call_0")],
+        [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")],
         [ToolCall("submit", {}, id="call_0")],
     ]
 

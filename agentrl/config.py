@@ -170,10 +170,8 @@ def _closest_key_message(error: dict, model: type[BaseModel]) -> str:
     return f"'{where}': {error['msg']} (got {error.get('input')!r})."
 
 
-def load_config(
-    model: type[BaseModel], path: str | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> Any:
-    """Load ``model`` from a YAML file and ``key.sub=value`` overrides; ``ConfigError`` on anything wrong."""
+def read_settings(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping in a YAML file (optional) with ``key.sub=value`` overrides applied (values parsed as YAML)."""
     data: dict[str, Any] = {}
     if path:
         p = Path(path)
@@ -196,6 +194,14 @@ def load_config(
             if not isinstance(target, dict):
                 raise ConfigError(f"override {item!r}: {parent} is not a section")
         target[leaf] = yaml.safe_load(value)
+    return data
+
+
+def load_config(
+    model: type[BaseModel], path: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Any:
+    """Load ``model`` from a YAML file and ``key.sub=value`` overrides; ``ConfigError`` on anything wrong."""
+    data = read_settings(path, overrides)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from agentrl.config import ConfigError, read_settings
 from agentrl.rollout.agent_loop import LoopConfig
 from agentrl.sandbox import build_config
 
@@ -39,37 +38,8 @@ class RolloutConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
-class ConfigError(ValueError):
-    """A bad config file or override; the message names the key and what is allowed."""
-
-
-def _parse_value(text: str) -> Any:
-    return yaml.safe_load(text)
-
-
 def load_config(path: str | None, overrides: list[str] = ()) -> RolloutConfig:
-    data: dict[str, Any] = {}
-    if path:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path} is not valid YAML: {e}") from e
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of settings; got {type(data).__name__}")
-    for item in overrides:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"override {item!r} must look like key=value (or loop.key=value)")
-        target = data
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            target = target.setdefault(parent, {})
-            if not isinstance(target, dict):
-                raise ConfigError(f"override {item!r}: {parent} is not a section")
-        target[leaf] = _parse_value(value)
+    data = read_settings(path, overrides)
     loop = data.pop("loop", {}) or {}
     try:
         cfg = build_config(RolloutConfig, data, "the rollout config")

@@ -53,11 +53,14 @@ pid=$!
 dog=$!
 wait "$pid"
 rc=$?
-kill -9 -- "-$dog"
 timed_out=0
 if [ -e "$out.timeout" ]; then
+    # The watchdog fired: let it finish hunting down escaped processes before going on.
+    wait "$dog"
     timed_out=1 rc=124
     rm -f "$out.timeout"
+else
+    kill -9 -- "-$dog"
 fi
 read_oom; oom_killed=0
 [ "$oom" -gt "$oom_before" ] && oom_killed=1

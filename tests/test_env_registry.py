@@ -114,7 +114,8 @@ def test_checker_names_the_likely_cause(broken, message):
     assert check_env(EchoEnv(), Task("t-0"))[-1] == "close is idempotent"
 
 
-@pytest.mark.parametrize("env_id", sorted(set(list_envs()) - {"echo-v0", "plugin-echo-v1"}))
+# Every environment the package registers (test modules register toy ones of their own).
+@pytest.mark.parametrize("env_id", [e for e in list_envs() if not spec(e).entry_point.startswith("tests.")])
 @pytest.mark.parametrize("backend", ["local", "docker"])
 def test_check_env_on_every_registered_env(env_id, backend):
     if backend == "docker" and not DOCKER_OK:

@@ -7,7 +7,6 @@ override them. Example: ``recipes/rollout_bugfix_tiny.yaml``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -102,7 +101,3 @@ async def collect(cfg: RolloutConfig, log=print) -> dict[str, Any]:
 def main(path: str | None, overrides: list[str]) -> dict[str, Any]:
     cfg = load_config(path, overrides)
     return asyncio.run(collect(cfg))
-
-
-def as_dict(cfg: RolloutConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass
@@ -36,6 +36,3 @@ class TaskCursor:
 
     def restore(self, state: dict[str, int]) -> None:
         self.epoch, self.position = state["epoch"], state["position"]
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)

@@ -201,16 +201,17 @@ async def warm_start(run: Run) -> None:
     loop = loop_config(cfg)
     loop.max_turns, loop.max_new_tokens = max(loop.max_turns, 8), max(loop.max_new_tokens, 1024)
     loop.max_context = max(loop.max_context, 16384)
-    trajectories: list[Trajectory] = []
     # Expert episodes use training tasks from the far end of the training set's index range.
     indices = [cfg.env.train_tasks + i for i in range(cfg.sft.episodes)]
 
     async def one(i: int) -> Trajectory:
         env = make(cfg.env.id, **cfg.env.args)
         task = env.task(cfg.env.train_split, i)
-        obs = await env.reset(task)
-        engine.add(renderer.prompt(obs.messages, obs.tools), expert_texts(env.spec, cfg.rollout.tool_format))
-        await env.close()
+        obs = env.observation(task)  # the prompt the loop will send, rendered without a sandbox
+        engine.add(
+            renderer.prompt(obs.messages, obs.tools),
+            expert_texts(env.task_spec(task), cfg.rollout.tool_format),
+        )
         return await run_episode(
             make(cfg.env.id, **cfg.env.args), engine, run.tokenizer, task, loop, renderer=renderer
         )

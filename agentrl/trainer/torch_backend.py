@@ -247,9 +247,10 @@ class TorchBackend:
                     continue
                 for micro in self._group(lengths, rows, self.budget):
                     loss, m = loss_fn(micro)
-                    (loss * (share_fn(micro) / total)).backward()
+                    share = share_fn(micro) / total
+                    (loss * share).backward()
                     for k, v in m.items():
-                        metrics[k] = metrics.get(k, 0.0) + v * share_fn(micro) / total
+                        metrics[k] = metrics.get(k, 0.0) + v * share
                 metrics["grad_norm"] = float(
                     torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
                 )

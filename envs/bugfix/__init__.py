@@ -12,6 +12,7 @@ Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one,
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -31,14 +32,15 @@ REMINDER = "You did not call a tool. Use a tool to make progress, or call submit
 _PASSED = re.compile(r"(\d+) passed")
 
 
+@functools.cache
 def docker_ready() -> bool:
+    """Whether a Docker daemon answers and has the base image (checked once per process)."""
     try:
         import docker
 
-        from agentrl.sandboxes.images import BASE_IMAGE
+        from agentrl.sandboxes.images import BASE_IMAGE, image_present
 
-        client = docker.from_env(timeout=5)
-        return bool(client.images.list(name=BASE_IMAGE))
+        return image_present(docker.from_env(timeout=5), BASE_IMAGE)
     except Exception:
         return False
 
@@ -97,7 +99,7 @@ class BugfixEnv:
             raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
         return [self.task(split, i) for i in range(start, start + n)]
 
-    def _spec(self, task: Task) -> BugfixTask:
+    def task_spec(self, task: Task) -> BugfixTask:
         try:
             split, index = task.data["split"], int(task.data["index"])
         except (KeyError, TypeError, ValueError):
@@ -111,7 +113,7 @@ class BugfixEnv:
     # -- episode --
     async def reset(self, task: Task) -> Observation:
         await self._close_sandbox()
-        self.spec = self._spec(task)
+        self.spec = self.task_spec(task)
         self.sandbox = make_sandbox(self.backend, **self.sandbox_config)
         await self.sandbox.start()
         with tempfile.TemporaryDirectory(prefix="agentrl-bugfix-") as tmp:
@@ -132,9 +134,14 @@ class BugfixEnv:
             self.sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
         )
         self._turns, self._done = 0, False
+        return self.observation(task)
+
+    def observation(self, task: Task) -> Observation:
+        """What ``reset(task)`` returns, without making a sandbox (e.g. to render a prompt ahead)."""
+        spec = self.task_spec(task)
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": describe(self.spec, self.name_failing_test)},
+            {"role": "user", "content": describe(spec, self.name_failing_test)},
         ]
         return Observation(messages=messages, tools=list(self.tools))
 

@@ -151,10 +151,9 @@ def test_scripted_expert_as_an_engine_solves_bugfix(tiny, backend):
             task = envs.task("train", i)
             # Register the expert's turns under the exact prompt the loop will send.
             env = factory()
-            obs = await env.reset(task)
+            obs = env.observation(task)
             prompt = _Renderer(tok, None).prompt(obs.messages, obs.tools)
-            engine.add(prompt, expert_texts(env.spec))
-            await env.close()
+            engine.add(prompt, expert_texts(env.task_spec(task)))
             traj = await run_episode(factory(), engine, tok, task, LoopConfig(max_context=16384))
             assert traj.status == "completed" and traj.reward == 1.0, (task.id, traj.extra)
             assert traj.extra["tool_call_errors"] == 0 and len(traj.finish_reasons) == 5

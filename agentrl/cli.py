@@ -10,27 +10,38 @@ import agentrl
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    from agentrl import toy
-    from agentrl.rollout.run import main
-
-    print(
-        "agentrl quickstart: the PPO trainer on bugfix-v0 does not exist yet, so this runs the most\n"
-        "end-to-end paths that do:\n"
-        "  1. rollout: the tiny chat model drives bugfix-v0 episodes through the agent loop, with tool calls\n"
-        "     in sandboxes (Docker when it is running, else local), into a trajectory store;\n"
-        "  2. PPO + critic + GAE over trainable tokens + IcePop (no KL) on a toy two-turn token task\n"
-        "     with a tool observation between the turns (agentrl/toy.py), on the CPU."
-    )
+    from agentrl.config import ConfigError, TrainConfig, load_config
     from agentrl.envs.bugfix import docker_ready
+    from agentrl.trainer.ppo import main
 
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+    if not recipe.exists():
+        print(
+            f"error: {recipe} not found: run the quickstart from a clone of the repository", file=sys.stderr
+        )
+        return 2
     sandbox = "docker" if docker_ready() else "local"
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "rollout_bugfix_tiny.yaml"
-    overrides = [f"env_args.sandbox={sandbox}", "store=runs/quickstart-rollout"]
-    main(str(recipe) if recipe.exists() else None, overrides)
-    result = toy.run(toy.ToyConfig(iterations=args.iterations, seed=args.seed))
+    overrides = [f"env.args.sandbox={sandbox}", f"run.seed={args.seed}", *args.overrides]
+    if args.iterations is not None:
+        overrides.append(f"run.iterations={args.iterations}")
     print(
-        f"done: toy PPO greedy score {result['greedy_score_before']:.3f} -> {result['greedy_score_after']:.3f} "
-        f"(fraction of answer tokens right) in {result['train_seconds']:.1f}s"
+        "agentrl quickstart: a tiny policy learns to fix one-function bugs in bugfix-v0 on this CPU\n"
+        f"  sandbox: {sandbox}; recipe: recipes/quickstart.yaml\n"
+        "  1. warm start: supervised on the scripted expert's episodes (played through the real loop)\n"
+        "  2. held-out success of the greedy policy\n"
+        "  3. PPO + critic (GAE over the policy's tokens) + IcePop, no KL, on sampled episodes\n"
+        "  4. held-out success again; metrics.jsonl and curve.png in runs/quickstart/",
+        flush=True,
+    )
+    try:
+        summary = main(load_config(TrainConfig, str(recipe), overrides))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    gain = summary["eval_after"] - summary["eval_before"]
+    print(
+        f"done: held-out success {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} ({gain:+.3f}) "
+        f"in {summary['seconds'] / 60:.1f} min; {summary['run_dir']}/curve.png"
     )
     return 0
 
@@ -127,10 +138,10 @@ def _train(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
+        main(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    main(cfg)
     return 0
 
 
@@ -142,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     quick = commands.add_parser("quickstart", help="run the main job on this machine")
-    quick.add_argument("--iterations", type=int, default=60, help="training iterations (default 60)")
+    quick.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: the recipe's)")
     quick.add_argument("--seed", type=int, default=0)
+    quick.add_argument("overrides", nargs="*", help="key.sub=value overrides of recipes/quickstart.yaml")
     quick.set_defaults(func=_quickstart)
 
     sandbox = commands.add_parser("sandbox", help="sandbox images, cleanup and checks")

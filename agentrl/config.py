@@ -54,6 +54,8 @@ class ModelConfig(Section):
     tiny_hidden: int = Field(64, ge=8)
     tiny_layers: int = Field(2, ge=1)
     dtype: Literal["float32", "bfloat16"] = "float32"
+    init: str | None = None
+    """Policy weights to start from (a state-dict file, e.g. another run's ``warm_start.pt``)."""
 
 
 class RolloutConfig(Section):
@@ -118,6 +120,8 @@ class SFTConfig(Section):
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(8, ge=1)
     """Episodes per optimizer step."""
+    expert: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's scripted expert (bugfix-v0: ``run_tests``)."""
 
 
 class MetricsConfig(Section):

@@ -26,7 +26,14 @@ class ScriptedEngine:
         self.weight_version = "scripted"
 
     def add(self, prompt_ids: list[int], turns: list[str]) -> None:
-        self._scripts.setdefault(len(prompt_ids), {})[tuple(prompt_ids)] = list(turns)
+        scripts = self._scripts.setdefault(len(prompt_ids), {})
+        key, turns = tuple(prompt_ids), list(turns)
+        if scripts.get(key, turns) != turns:
+            raise ValueError(
+                "another script is registered for the same prompt (two tasks render the same prompt): "
+                "use one ScriptedEngine per episode"
+            )
+        scripts[key] = turns
 
     def _turn(self, input_ids: list[int]) -> int:
         g, n, count = self.gen_prompt, len(self.gen_prompt), 0

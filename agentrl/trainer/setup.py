@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import difflib
+import inspect
 import json
 import random
 import time
@@ -15,7 +17,7 @@ import numpy as np
 import torch
 
 from agentrl.algo import gae, group_advantages, icepop_weights
-from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.config import AlgoConfig, ConfigError, TrainConfig
 from agentrl.env import Task, make
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
 from agentrl.rollout.local import LocalEngine
@@ -110,8 +112,20 @@ def _load_policy(cfg: TrainConfig):
     from agentrl.models import load_model, tiny_chat_model
 
     if cfg.model.name == "tiny":
-        return tiny_chat_model(seed=cfg.run.seed, hidden=cfg.model.tiny_hidden, layers=cfg.model.tiny_layers)
-    return load_model(cfg.model.name)
+        policy, tokenizer = tiny_chat_model(
+            seed=cfg.run.seed, hidden=cfg.model.tiny_hidden, layers=cfg.model.tiny_layers
+        )
+    else:
+        policy, tokenizer = load_model(cfg.model.name)
+    if cfg.model.init:
+        try:
+            state = torch.load(cfg.model.init, map_location="cpu", weights_only=True)
+            policy.load_state_dict(state)
+        except (OSError, RuntimeError) as e:
+            raise ConfigError(
+                f"model.init: cannot load {cfg.model.init} into the {cfg.model.name} model: {e}"
+            ) from None
+    return policy, tokenizer
 
 
 def _seed(seed: int) -> None:
@@ -121,6 +135,8 @@ def _seed(seed: int) -> None:
 
 
 async def setup(cfg: TrainConfig, log=print) -> Run:
+    if cfg.sft.episodes:
+        _expert_texts(cfg)  # a bad sft.expert key stops here, before anything is built
     _seed(cfg.run.seed)
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +212,6 @@ async def warm_start(run: Run) -> None:
     from agentrl.rollout.scripted import ScriptedEngine
 
     expert_texts = _expert_texts(cfg)
-    engine = ScriptedEngine(run.tokenizer)
     renderer = _Renderer(run.tokenizer, None)
     loop = loop_config(cfg)
     loop.max_turns, loop.max_new_tokens = max(loop.max_turns, 8), max(loop.max_new_tokens, 1024)
@@ -208,9 +223,10 @@ async def warm_start(run: Run) -> None:
         env = make(cfg.env.id, **cfg.env.args)
         task = env.task(cfg.env.train_split, i)
         obs = env.observation(task)  # the prompt the loop will send, rendered without a sandbox
+        engine = ScriptedEngine(run.tokenizer)  # one per episode: two tasks may render the same prompt
         engine.add(
             renderer.prompt(obs.messages, obs.tools),
-            expert_texts(env.task_spec(task), cfg.rollout.tool_format),
+            expert_texts(env.task_spec(task), cfg.rollout.tool_format, **cfg.sft.expert),
         )
         return await run_episode(
             make(cfg.env.id, **cfg.env.args), engine, run.tokenizer, task, loop, renderer=renderer
@@ -231,6 +247,7 @@ async def warm_start(run: Run) -> None:
     batch = Batch.from_trajectories(solved)
     losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size)
     await run.engine.update_weights(run.backend.engine_state_dict())
+    torch.save(run.backend.engine_state_dict(), cfg.run_dir / "warm_start.pt")  # model.init= to reuse it
     run.state["sft"] = {"episodes": len(solved), "loss_first": losses[0], "loss_last": losses[-1]}
     run.log(f"warm start: {len(solved)} expert episodes, SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
@@ -242,6 +259,14 @@ def _expert_texts(cfg: TrainConfig):
         )
     from agentrl.envs.bugfix import expert_texts
 
+    known = [p for p in inspect.signature(expert_texts).parameters if p not in ("spec", "tool_format")]
+    for key in cfg.sft.expert:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(
+                f"sft.expert.{key}: the bugfix-v0 expert takes {known}"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+            )
     return expert_texts
 
 

@@ -41,7 +41,9 @@ class ValueModel(nn.Module):
         self.backbone = copy.deepcopy(_backbone(policy))
         hidden = policy.config.hidden_size
         self.head = nn.Linear(hidden, 1)
-        nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(hidden) * 0.1)
+        # V = 0 everywhere at the start: until the critic has learned, advantages are the returns
+        # themselves (no arbitrary baseline that pushes every sampled token up or down).
+        nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, **kwargs) -> Tensor:

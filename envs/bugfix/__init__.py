@@ -6,6 +6,7 @@ edits to tests or new test configuration (``conftest.py``, ``pytest.ini``, ...) 
 number of passing tests must equal the task's, so skipping or deselecting tests earns nothing.
 
 Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
+``packages`` / ``modules`` (the names drawn from; a single name each fixes the file layout),
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
 (``end`` the episode, or ``remind`` the agent to use a tool).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env import Observation, StepResult, Task
-from agentrl.envs.bugfix.generator import SPLITS, BugfixTask, describe, generate
+from agentrl.envs.bugfix.generator import MODULES, PACKAGES, SPLITS, BugfixTask, _names, describe, generate
 from agentrl.sandbox import diff_script, make_sandbox
 from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
 
@@ -63,6 +64,8 @@ class BugfixEnv:
         max_observation_chars: int = 8_000,
         compact_tools: bool = False,
         seed: int = 0,
+        packages: list[str] | None = None,
+        modules: list[str] | None = None,
     ):
         if on_no_tool_call not in ("end", "remind"):
             raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
@@ -73,6 +76,14 @@ class BugfixEnv:
         self.backend = ("docker" if docker_ready() else "local") if sandbox == "auto" else sandbox
         self.sandbox_config = dict(sandbox_config or {})
         self.n_modules, self.n_distractors, self.seed = n_modules, n_distractors, seed
+        self.names = {
+            "packages": _names("packages", packages, PACKAGES),
+            "modules": _names("modules", modules, MODULES),
+        }
+        if not 1 <= n_modules <= len(self.names["modules"]):
+            raise ValueError(
+                f"n_modules must be in [1, {len(self.names['modules'])}] (the number of module names); got {n_modules}"
+            )
         self.name_failing_test = name_failing_test
         self.max_turns = max_turns
         self.on_no_tool_call = on_no_tool_call
@@ -90,7 +101,12 @@ class BugfixEnv:
     # -- tasks --
     def task(self, split: str, index: int) -> Task:
         spec = generate(
-            split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed
+            split,
+            index,
+            n_modules=self.n_modules,
+            n_distractors=self.n_distractors,
+            seed=self.seed,
+            **self.names,
         )
         return Task(spec.id, {"split": split, "index": index})
 
@@ -107,7 +123,12 @@ class BugfixEnv:
                 f"bugfix task {task.id!r} needs data {{'split': 'train'|'test', 'index': int}}; got {task.data!r}"
             ) from None
         return generate(
-            split, index, n_modules=self.n_modules, n_distractors=self.n_distractors, seed=self.seed
+            split,
+            index,
+            n_modules=self.n_modules,
+            n_distractors=self.n_distractors,
+            seed=self.seed,
+            **self.names,
         )
 
     # -- episode --
@@ -238,11 +259,16 @@ def _compact(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def expert_turns(spec: BugfixTask) -> list[list[ToolCall]]:
-    """The scripted expert: run the tests, view the buggy file, fix it, run the tests, submit."""
+def expert_turns(spec: BugfixTask, run_tests: bool = True) -> list[list[ToolCall]]:
+    """The scripted expert: run the tests, view the buggy file, fix it, run the tests, submit.
+
+    ``run_tests=False``: view, fix, submit (the prompt names the failing tests; each test run costs
+    a pytest start-up in the sandbox, the bulk of an episode's time on a small machine).
+    """
     fix = spec.fix
-    return [
-        [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")],
+    tests = [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")]
+    turns = [
+        tests,
         [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")],
         [
             ToolCall(
@@ -251,13 +277,14 @@ def expert_turns(spec: BugfixTask) -> list[list[ToolCall]]:
                 id="call_0",
             )
         ],
-        [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")],
+        tests,
         [ToolCall("submit", {}, id="call_0")],
     ]
+    return turns if run_tests else [t for t in turns if t is not tests]
 
 
-def expert_texts(spec: BugfixTask, tool_format: str = "hermes") -> list[str]:
+def expert_texts(spec: BugfixTask, tool_format: str = "hermes", run_tests: bool = True) -> list[str]:
     """The scripted expert's turns as a model would write them in ``tool_format``."""
     from agentrl.tools import RENDERERS
 
-    return [RENDERERS[tool_format](calls) for calls in expert_turns(spec)]
+    return [RENDERERS[tool_format](calls) for calls in expert_turns(spec, run_tests)]

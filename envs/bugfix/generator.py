@@ -340,9 +340,15 @@ def _run_tests(sources: dict[str, str], tests: dict[str, str]) -> list[str]:
     return failing
 
 
-def _draw(rng: random.Random, n_modules: int, n_functions: int) -> BugfixTask | None:
-    package = rng.choice(PACKAGES)
-    modules = rng.sample(MODULES, n_modules)
+def _draw(
+    rng: random.Random,
+    n_modules: int,
+    n_functions: int,
+    packages: tuple[str, ...] = PACKAGES,
+    module_names: tuple[str, ...] = MODULES,
+) -> BugfixTask | None:
+    package = rng.choice(packages)
+    modules = rng.sample(module_names, n_modules)
     templates = rng.sample(TEMPLATES, n_modules * n_functions)
     layout: dict[str, list[Function]] = {}
     used: set[str] = set()
@@ -399,16 +405,29 @@ def split_of(content_hash: str) -> str:
 
 
 def generate(
-    split: str, index: int, *, n_modules: int = 2, n_distractors: int = 2, seed: int = 0
+    split: str,
+    index: int,
+    *,
+    n_modules: int = 2,
+    n_distractors: int = 2,
+    seed: int = 0,
+    packages: tuple[str, ...] | None = None,
+    modules: tuple[str, ...] | None = None,
 ) -> BugfixTask:
     """Task ``index`` of ``split``; the same arguments always give the same task.
 
     ``n_modules`` source modules, each with ``1 + n_distractors`` functions (one of all of them buggy).
+    ``packages`` / ``modules``: the names the package and its modules are drawn from (default:
+    ``PACKAGES`` / ``MODULES``); one name each gives every task the same file layout.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
-    if not 1 <= n_modules <= len(MODULES):
-        raise ValueError(f"n_modules must be in [1, {len(MODULES)}]; got {n_modules}")
+    package_names = _names("packages", packages, PACKAGES)
+    module_names = _names("modules", modules, MODULES)
+    if not 1 <= n_modules <= len(module_names):
+        raise ValueError(
+            f"n_modules must be in [1, {len(module_names)}] (the number of module names); got {n_modules}"
+        )
     n_functions = 1 + n_distractors
     if n_distractors < 0 or n_modules * n_functions > len(TEMPLATES):
         raise ValueError(
@@ -418,13 +437,32 @@ def generate(
     if index < 0:
         raise ValueError(f"index must be >= 0; got {index}")
     for attempt in range(10_000):
-        rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}/{attempt}")
-        task = _draw(rng, n_modules, n_functions)
+        names = (
+            "" if (package_names, module_names) == (PACKAGES, MODULES) else f"/{package_names}/{module_names}"
+        )
+        rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}{names}/{attempt}")
+        task = _draw(rng, n_modules, n_functions, package_names, module_names)
         if task is not None and split_of(task.content_hash) == split:
             task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
+            if names:
+                task.id += "-n" + hashlib.sha256(names.encode()).hexdigest()[:6]
             task.split = split
             return task
     raise RuntimeError(f"could not draw task {split}/{index}")  # pragma: no cover (10k draws)
+
+
+def _names(what: str, names, default: tuple[str, ...]) -> tuple[str, ...]:
+    if names is None:
+        return default
+    if isinstance(names, str) or not names:
+        raise ValueError(f"{what} must be a non-empty list of names, e.g. [{default[0]!r}]; got {names!r}")
+    names = tuple(names)
+    bad = [n for n in names if not (isinstance(n, str) and n.isidentifier() and n.islower() and n != "tests")]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(
+            f"{what} must be distinct lower-case Python identifiers other than 'tests'; got {list(names)!r}"
+        )
+    return names
 
 
 def describe(task: BugfixTask, name_failing_test: bool) -> str:

@@ -54,11 +54,34 @@ def test_every_task_fails_as_given_and_passes_with_the_fix(n_modules, n_distract
         assert _run_tests(sources, tests) == []  # the fix fixes it
 
 
-def expert_episode(env, task, fmt_through_parser=True):
+def test_name_pools_fix_the_layout_and_keep_tasks_distinct():
+    default = generate("train", 5)
+    assert generate("train", 5, packages=None, modules=None) == default  # the default draw is unchanged
+    fixed = [
+        generate("train", i, n_modules=1, n_distractors=0, packages=["calc"], modules=["mathops"])
+        for i in range(300)
+    ]
+    assert {t.fix["path"] for t in fixed} == {"calc/mathops.py"}
+    # one layout leaves templates x bug kinds x drawn names and constants: fewer distinct contents
+    assert len({t.content_hash for t in fixed}) > 200 and len({t.id for t in fixed}) == 300
+    assert fixed[0].id != generate("train", 0, n_modules=1, n_distractors=0).id
+    held_out = {
+        generate("test", i, n_modules=1, n_distractors=0, packages=["calc"], modules=["mathops"]).content_hash
+        for i in range(50)
+    }
+    assert not held_out & {t.content_hash for t in fixed}
+    for bad in ("calc", [], ["Calc"], ["tests"], ["a", "a"]):
+        with pytest.raises(ValueError, match="packages must be"):
+            generate("train", 0, packages=bad)
+    with pytest.raises(ValueError, match="n_modules must be in"):
+        make("bugfix-v0", sandbox="local", n_modules=2, modules=["mathops"])
+
+
+def expert_episode(env, task, fmt_through_parser=True, run_tests=True):
     async def go():
         await env.reset(task)
         result = None
-        for calls in expert_turns(env.spec):
+        for calls in expert_turns(env.spec, run_tests):
             if fmt_through_parser:  # as a model would write them, through the Hermes parser
                 calls = parse_hermes(render_hermes(calls), CODING_TOOLS).calls
             result = await env.step(calls)
@@ -74,6 +97,8 @@ def test_expert_solves_and_nothing_fails_on_both_backends(backend):
             for task in env.tasks("train", 3) + env.tasks("test", 1):
                 result = await expert_episode(env, task)
                 assert result.done and result.reward == 1.0 and result.info["status"] == "completed", task.id
+                result = await expert_episode(env, task, run_tests=False)  # view, fix, submit
+                assert result.reward == 1.0 and env._turns == 3, task.id
                 await env.reset(task)
                 result = await env.step([ToolCall("submit", {})])
                 assert result.done and result.reward == 0.0

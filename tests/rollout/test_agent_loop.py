@@ -157,5 +157,8 @@ def test_scripted_expert_as_an_engine_solves_bugfix(tiny, backend):
             traj = await run_episode(factory(), engine, tok, task, LoopConfig(max_context=16384))
             assert traj.status == "completed" and traj.reward == 1.0, (task.id, traj.extra)
             assert traj.extra["tool_call_errors"] == 0 and len(traj.finish_reasons) == 5
+        engine.add(prompt, expert_texts(env.task_spec(task)))  # the same script again is fine
+        with pytest.raises(ValueError, match="one ScriptedEngine per episode"):
+            engine.add(prompt, ["<tool_call>something else</tool_call>"])
 
     run(go())

@@ -177,6 +177,35 @@ def test_quickstart_two_iteration_smoke(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert 0.0 <= summary["eval_before"] <= 1.0 and 0.0 <= summary["eval_after"] <= 1.0
     assert Checkpoints(run).latest().name == "iter-000002"
+    # The warm-started weights are kept; a run can start from them (model.init) without a warm start.
+    from agentrl.trainer.setup import _load_policy
+
+    cfg = load_config(
+        TrainConfig, str(ROOT / "recipes/quickstart.yaml"), [f"model.init={run / 'warm_start.pt'}"]
+    )
+    warm = torch.load(run / "warm_start.pt", weights_only=True)
+    loaded = _load_policy(cfg)[0].state_dict()
+    assert warm.keys() == loaded.keys() and all(torch.equal(warm[k], loaded[k]) for k in warm)
+    fresh = _load_policy(load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml")))[0].state_dict()
+    assert not all(torch.equal(warm[k], fresh[k]) for k in warm)  # the warm start changed the weights
+    code = main(
+        [
+            "train",
+            str(ROOT / "recipes/quickstart.yaml"),
+            f"run.output_dir={tmp_path}",
+            "run.name=from-warm",
+            "run.iterations=1",
+            f"model.init={run / 'warm_start.pt'}",
+            "sft.episodes=0",
+            "env.eval_tasks=2",
+            "rollout.tasks_per_iteration=1",
+            "rollout.n_samples=2",
+            "rollout.max_new_tokens=24",
+            "metrics.progress=false",
+        ]
+    )
+    assert code == 0 and not (tmp_path / "from-warm" / "warm_start.pt").exists()
+    assert main(["train", str(ROOT / "recipes/quickstart.yaml"), f"model.init={tmp_path}/nothing.pt"]) == 2
 
 
 def test_bad_train_config_names_the_key(capsys):
@@ -186,6 +215,10 @@ def test_bad_train_config_names_the_key(capsys):
     assert "unknown key 'optim.actor_lrr'. Did you mean 'optim.actor_lr'?" in capsys.readouterr().err
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "algo.policy_loss=dpo"]) == 2
     assert "'algo.policy_loss': Input should be 'ppo', 'gspo', 'gmpo' or 'sapo'" in capsys.readouterr().err
+    assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "sft.expert.run_test=false"]) == 2
+    assert "sft.expert.run_test: the bugfix-v0 expert takes ['run_tests']; did you mean 'run_tests'?" in (
+        capsys.readouterr().err
+    )
 
 
 RESUMABLE = """

@@ -78,12 +78,16 @@ class RolloutPool:
         futures = [asyncio.ensure_future(self._episode(task, s, slots)) for task, s in jobs]
         start = time.monotonic()
         bar = _Progress(len(futures)) if self.progress else None
+        statuses: Counter[str] = Counter()  # this call's, for the bar (self.statuses: the pool's lifetime)
+        tokens = 0
         try:
             for done in asyncio.as_completed(futures):
                 trajectory = await done
                 self._record(trajectory)
+                statuses[trajectory.status] += 1
+                tokens += len(trajectory)
                 if bar:
-                    bar.update(self.statuses, self.tokens / max(time.monotonic() - start, 1e-9))
+                    bar.update(statuses, tokens / max(time.monotonic() - start, 1e-9))
         except BaseException:
             for f in futures:
                 f.cancel()

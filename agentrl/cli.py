@@ -25,7 +25,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     if args.iterations is not None:
         overrides.append(f"run.iterations={args.iterations}")
     print(
-        "agentrl quickstart: a tiny policy learns to fix one-function bugs in bugfix-v0 on this CPU\n"
+        "agentrl quickstart: a tiny policy is trained to fix one-function bugs in bugfix-v0 on this CPU\n"
         f"  sandbox: {sandbox}; recipe: recipes/quickstart.yaml\n"
         "  1. warm start: supervised on the scripted expert's episodes (played through the real loop)\n"
         "  2. held-out success of the greedy policy\n"

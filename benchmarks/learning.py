@@ -1,6 +1,6 @@
 """Learning evidence: the quickstart with 3 seeds, PPO (critic + GAE + IcePop) against GRPO on the same budget.
 
-    .venv/bin/python benchmarks/learning.py [--seeds 0 1 2] [--iterations N] [extra key=value overrides]
+    .venv/bin/python benchmarks/learning.py [--seeds 0 1 2] [key.sub=value overrides, e.g. run.iterations=12]
 
 For each seed it runs ``recipes/quickstart.yaml`` (supervised warm start on scripted-expert
 episodes, then RL) with ``algo.estimator=gae`` (PPO with a learned critic), then

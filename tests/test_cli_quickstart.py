@@ -3,24 +3,11 @@ import subprocess
 import sys
 
 from agentrl.cli import main
+from tests.trainer.test_trainer import SMALL_QUICKSTART
 
 
 def test_quickstart_command_runs_the_trainer(tmp_path, capsys):
-    # The quickstart recipe, cut down to one iteration; the full run's figures are in the README.
-    code = main(
-        [
-            "quickstart",
-            "--iterations=1",
-            f"run.output_dir={tmp_path}",
-            "sft.episodes=4",
-            "sft.epochs=1",
-            "env.eval_tasks=2",
-            "rollout.tasks_per_iteration=2",
-            "rollout.n_samples=2",
-            "rollout.max_new_tokens=24",
-            "metrics.progress=false",
-        ]
-    )
+    code = main(["quickstart", "--iterations=1", f"run.output_dir={tmp_path}", *SMALL_QUICKSTART])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "done: held-out success" in out

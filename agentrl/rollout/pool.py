@@ -44,8 +44,6 @@ class RolloutPool:
         self.config = config or LoopConfig()
         self.store, self.concurrency, self.n_samples, self.progress = store, concurrency, n_samples, progress
         self.renderer = _Renderer(tokenizer, self.config.end_of_turn)
-        self.statuses: Counter[str] = Counter()
-        self.tokens = 0
 
     async def _episode(self, task: Task, sample: int, slots: asyncio.Semaphore) -> Trajectory:
         async with slots:
@@ -65,12 +63,6 @@ class RolloutPool:
                 renderer=self.renderer,
             )
 
-    def _record(self, trajectory: Trajectory) -> None:
-        self.statuses[trajectory.status] += 1
-        self.tokens += len(trajectory)
-        if self.store is not None:
-            self.store.append(trajectory)
-
     async def run(self, tasks: list[Task]) -> list[Trajectory]:
         """Run every task ``n_samples`` times; trajectories come back in task order."""
         slots = asyncio.Semaphore(self.concurrency)
@@ -78,12 +70,13 @@ class RolloutPool:
         futures = [asyncio.ensure_future(self._episode(task, s, slots)) for task, s in jobs]
         start = time.monotonic()
         bar = _Progress(len(futures)) if self.progress else None
-        statuses: Counter[str] = Counter()  # this call's, for the bar (self.statuses: the pool's lifetime)
+        statuses: Counter[str] = Counter()
         tokens = 0
         try:
             for done in asyncio.as_completed(futures):
                 trajectory = await done
-                self._record(trajectory)
+                if self.store is not None:
+                    self.store.append(trajectory)
                 statuses[trajectory.status] += 1
                 tokens += len(trajectory)
                 if bar:

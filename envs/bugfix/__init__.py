@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env import Observation, StepResult, Task
-from agentrl.envs.bugfix.generator import MODULES, PACKAGES, SPLITS, BugfixTask, _names, describe, generate
+from agentrl.envs.bugfix.generator import SPLITS, BugfixTask, check_layout, describe, generate
 from agentrl.sandbox import diff_script, make_sandbox
 from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
 
@@ -76,14 +76,8 @@ class BugfixEnv:
         self.backend = ("docker" if docker_ready() else "local") if sandbox == "auto" else sandbox
         self.sandbox_config = dict(sandbox_config or {})
         self.n_modules, self.n_distractors, self.seed = n_modules, n_distractors, seed
-        self.names = {
-            "packages": _names("packages", packages, PACKAGES),
-            "modules": _names("modules", modules, MODULES),
-        }
-        if not 1 <= n_modules <= len(self.names["modules"]):
-            raise ValueError(
-                f"n_modules must be in [1, {len(self.names['modules'])}] (the number of module names); got {n_modules}"
-            )
+        packages, modules = check_layout(n_modules, n_distractors, packages, modules)
+        self.names = {"packages": packages, "modules": modules}
         self.name_failing_test = name_failing_test
         self.max_turns = max_turns
         self.on_no_tool_call = on_no_tool_call
@@ -100,14 +94,7 @@ class BugfixEnv:
 
     # -- tasks --
     def task(self, split: str, index: int) -> Task:
-        spec = generate(
-            split,
-            index,
-            n_modules=self.n_modules,
-            n_distractors=self.n_distractors,
-            seed=self.seed,
-            **self.names,
-        )
+        spec = self._generate(split, index)
         return Task(spec.id, {"split": split, "index": index})
 
     def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
@@ -122,6 +109,9 @@ class BugfixEnv:
             raise ValueError(
                 f"bugfix task {task.id!r} needs data {{'split': 'train'|'test', 'index': int}}; got {task.data!r}"
             ) from None
+        return self._generate(split, index)
+
+    def _generate(self, split: str, index: int) -> BugfixTask:
         return generate(
             split,
             index,

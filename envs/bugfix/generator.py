@@ -422,6 +422,27 @@ def generate(
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
+    package_names, module_names = check_layout(n_modules, n_distractors, packages, modules)
+    if index < 0:
+        raise ValueError(f"index must be >= 0; got {index}")
+    n_functions = 1 + n_distractors
+    names = "" if (package_names, module_names) == (PACKAGES, MODULES) else f"/{package_names}/{module_names}"
+    for attempt in range(10_000):
+        rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}{names}/{attempt}")
+        task = _draw(rng, n_modules, n_functions, package_names, module_names)
+        if task is not None and split_of(task.content_hash) == split:
+            task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
+            if names:
+                task.id += "-n" + hashlib.sha256(names.encode()).hexdigest()[:6]
+            task.split = split
+            return task
+    raise RuntimeError(f"could not draw task {split}/{index}")  # pragma: no cover (10k draws)
+
+
+def check_layout(
+    n_modules: int, n_distractors: int, packages=None, modules=None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Validate the layout knobs of ``generate``; returns the package and module name pools."""
     package_names = _names("packages", packages, PACKAGES)
     module_names = _names("modules", modules, MODULES)
     if not 1 <= n_modules <= len(module_names):
@@ -434,21 +455,7 @@ def generate(
             f"n_modules * (1 + n_distractors) must be at most {len(TEMPLATES)} (the number of function templates); "
             f"got {n_modules} * {n_functions}"
         )
-    if index < 0:
-        raise ValueError(f"index must be >= 0; got {index}")
-    for attempt in range(10_000):
-        names = (
-            "" if (package_names, module_names) == (PACKAGES, MODULES) else f"/{package_names}/{module_names}"
-        )
-        rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}{names}/{attempt}")
-        task = _draw(rng, n_modules, n_functions, package_names, module_names)
-        if task is not None and split_of(task.content_hash) == split:
-            task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
-            if names:
-                task.id += "-n" + hashlib.sha256(names.encode()).hexdigest()[:6]
-            task.split = split
-            return task
-    raise RuntimeError(f"could not draw task {split}/{index}")  # pragma: no cover (10k draws)
+    return package_names, module_names
 
 
 def _names(what: str, names, default: tuple[str, ...]) -> tuple[str, ...]:

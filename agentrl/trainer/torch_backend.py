@@ -147,11 +147,21 @@ class TorchBackend:
         self.generator = torch.Generator().manual_seed(seed)
         self.actor_opt = torch.optim.AdamW(policy.parameters(), lr=actor_lr, weight_decay=weight_decay)
         self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
+        self._critic_args = (critic_lr, weight_decay, warmup_steps, schedule, total_steps)
         if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(
-                self.critic.parameters(), lr=critic_lr, weight_decay=weight_decay
-            )
-            self.critic_sched = self._schedule(self.critic_opt, warmup_steps, schedule, total_steps)
+            self._critic_optimizer()
+
+    def _critic_optimizer(self) -> None:
+        lr, weight_decay, warmup_steps, schedule, total_steps = self._critic_args
+        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=lr, weight_decay=weight_decay)
+        self.critic_sched = self._schedule(self.critic_opt, warmup_steps, schedule, total_steps)
+
+    def reset_critic(self) -> None:
+        """A fresh value model (and optimizer) from the policy as it is now: after a supervised warm
+        start, the critic starts from the backbone that learned the task's format, not the one before."""
+        if self.critic is not None:
+            self.critic = ValueModel(self.policy).to(self.device).train()
+            self._critic_optimizer()
 
     @staticmethod
     def _schedule(opt, warmup: int, kind: str, total: int):

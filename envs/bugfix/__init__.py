@@ -7,6 +7,7 @@ number of passing tests must equal the task's, so skipping or deselecting tests 
 
 Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
 ``packages`` / ``modules`` (the names drawn from; a single name each fixes the file layout),
+``templates`` (the function templates drawn from, by name: ``generator.TEMPLATE_NAMES``),
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
 (``end`` the episode, or ``remind`` the agent to use a tool).
 """
@@ -66,6 +67,7 @@ class BugfixEnv:
         seed: int = 0,
         packages: list[str] | None = None,
         modules: list[str] | None = None,
+        templates: list[str] | None = None,
     ):
         if on_no_tool_call not in ("end", "remind"):
             raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
@@ -76,8 +78,8 @@ class BugfixEnv:
         self.backend = ("docker" if docker_ready() else "local") if sandbox == "auto" else sandbox
         self.sandbox_config = dict(sandbox_config or {})
         self.n_modules, self.n_distractors, self.seed = n_modules, n_distractors, seed
-        packages, modules = check_layout(n_modules, n_distractors, packages, modules)
-        self.names = {"packages": packages, "modules": modules}
+        packages, modules, templates = check_layout(n_modules, n_distractors, packages, modules, templates)
+        self.names = {"packages": packages, "modules": modules, "templates": templates}
         self.name_failing_test = name_failing_test
         self.max_turns = max_turns
         self.on_no_tool_call = on_no_tool_call

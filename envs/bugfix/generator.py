@@ -284,6 +284,8 @@ TEMPLATES: tuple[Callable[[random.Random], Function], ...] = (
     t_fit_width,
     t_discount,
 )
+TEMPLATE_NAMES = tuple(t.__name__.removeprefix("t_") for t in TEMPLATES)
+"""The names the ``templates`` knob takes (``scale``, ``sum_to``, ...)."""
 
 
 # --- tasks --------------------------------------------------------------------------------------
@@ -346,10 +348,11 @@ def _draw(
     n_functions: int,
     packages: tuple[str, ...] = PACKAGES,
     module_names: tuple[str, ...] = MODULES,
+    template_pool: tuple[Callable[[random.Random], Function], ...] = TEMPLATES,
 ) -> BugfixTask | None:
     package = rng.choice(packages)
     modules = rng.sample(module_names, n_modules)
-    templates = rng.sample(TEMPLATES, n_modules * n_functions)
+    templates = rng.sample(template_pool, n_modules * n_functions)
     layout: dict[str, list[Function]] = {}
     used: set[str] = set()
     for i, module in enumerate(modules):
@@ -413,23 +416,30 @@ def generate(
     seed: int = 0,
     packages: tuple[str, ...] | None = None,
     modules: tuple[str, ...] | None = None,
+    templates: tuple[str, ...] | None = None,
 ) -> BugfixTask:
     """Task ``index`` of ``split``; the same arguments always give the same task.
 
     ``n_modules`` source modules, each with ``1 + n_distractors`` functions (one of all of them buggy).
     ``packages`` / ``modules``: the names the package and its modules are drawn from (default:
     ``PACKAGES`` / ``MODULES``); one name each gives every task the same file layout.
+    ``templates``: the function templates drawn from, by name (default: all of ``TEMPLATE_NAMES``).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
-    package_names, module_names = check_layout(n_modules, n_distractors, packages, modules)
+    package_names, module_names, template_names = check_layout(
+        n_modules, n_distractors, packages, modules, templates
+    )
     if index < 0:
         raise ValueError(f"index must be >= 0; got {index}")
     n_functions = 1 + n_distractors
     names = "" if (package_names, module_names) == (PACKAGES, MODULES) else f"/{package_names}/{module_names}"
+    if template_names != TEMPLATE_NAMES:
+        names += f"/{template_names}"
+    pool = tuple(TEMPLATES[TEMPLATE_NAMES.index(n)] for n in template_names)
     for attempt in range(10_000):
         rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}{names}/{attempt}")
-        task = _draw(rng, n_modules, n_functions, package_names, module_names)
+        task = _draw(rng, n_modules, n_functions, package_names, module_names, pool)
         if task is not None and split_of(task.content_hash) == split:
             task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
             if names:
@@ -440,22 +450,26 @@ def generate(
 
 
 def check_layout(
-    n_modules: int, n_distractors: int, packages=None, modules=None
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Validate the layout knobs of ``generate``; returns the package and module name pools."""
+    n_modules: int, n_distractors: int, packages=None, modules=None, templates=None
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """Validate the layout knobs of ``generate``; returns the package, module and template name pools."""
     package_names = _names("packages", packages, PACKAGES)
     module_names = _names("modules", modules, MODULES)
+    template_names = _names("templates", templates, TEMPLATE_NAMES)
+    unknown = [n for n in template_names if n not in TEMPLATE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown templates {unknown}; the templates are {list(TEMPLATE_NAMES)}")
     if not 1 <= n_modules <= len(module_names):
         raise ValueError(
             f"n_modules must be in [1, {len(module_names)}] (the number of module names); got {n_modules}"
         )
     n_functions = 1 + n_distractors
-    if n_distractors < 0 or n_modules * n_functions > len(TEMPLATES):
+    if n_distractors < 0 or n_modules * n_functions > len(template_names):
         raise ValueError(
-            f"n_modules * (1 + n_distractors) must be at most {len(TEMPLATES)} (the number of function templates); "
-            f"got {n_modules} * {n_functions}"
+            f"n_modules * (1 + n_distractors) must be at most {len(template_names)} (the number of function "
+            f"templates); got {n_modules} * {n_functions}"
         )
-    return package_names, module_names
+    return package_names, module_names, template_names
 
 
 def _names(what: str, names, default: tuple[str, ...]) -> tuple[str, ...]:

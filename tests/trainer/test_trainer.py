@@ -115,6 +115,26 @@ def test_masked_and_icepop_dropped_tokens_get_zero_logit_gradient_through_the_ba
     assert (grad[kept] > 0).all()
 
 
+def test_reset_critic_starts_the_value_model_from_the_current_policy():
+    model, _ = tiny_chat_model(seed=4)
+    backend = TorchBackend(model, critic_lr=1e-3)
+    with torch.no_grad():  # stand-in for a warm start: the policy moves after the backend was built
+        for p in model.parameters():
+            p.add_(0.01)
+    body = model.base_model_prefix
+
+    def same_backbone():
+        policy = {k.removeprefix(body + "."): v for k, v in model.state_dict().items() if k.startswith(body)}
+        critic = backend.critic.backbone.state_dict()
+        return all(torch.equal(policy[k], critic[k]) for k in critic)
+
+    assert not same_backbone()
+    backend.reset_critic()
+    assert same_backbone() and float(backend.critic.head.weight.abs().sum()) == 0.0
+    assert backend.critic_opt.param_groups[0]["params"][0] is next(backend.critic.parameters())
+    assert backend.critic_opt.param_groups[0]["lr"] == 1e-3
+
+
 def test_recipes_all_validate():
     from agentrl.rollout.run import load_config as load_rollout
 

@@ -73,7 +73,7 @@ def _line(r: dict[str, Any]) -> str:
         ("icepop", "icepop_masked_frac"),
         ("clip", "actor/clip_frac"),
         ("kl", "actor/approx_kl"),
-        ("ev", "critic/value_explained_var"),
+        ("ev", "critic/explained_var_before"),
         ("trunc", "truncation_rate"),
     ]
     parts = [f"iter {r['iteration']:3d}"] + [f"{name} {r[k]:.3f}" for name, k in keys if k in r]
@@ -319,6 +319,13 @@ def advantages(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tens
         rows = torch.nonzero(has).squeeze(1)
         rewards[rows, last[rows]] = batch.rewards[rows]
         adv, ret = gae(rewards, batch.old_values, mask, algo.gamma, algo.lam)
+        # How much of the return the values behind these advantages explained (before this batch's
+        # critic update; critic/value_explained_var is measured while the critic fits the batch).
+        r, v = ret[mask].double(), batch.old_values[mask].double()
+        var_r = r.var(unbiased=False) if r.numel() > 1 else torch.zeros((), dtype=torch.float64)
+        metrics["critic/explained_var_before"] = (
+            float(1.0 - (r - v).var(unbiased=False) / var_r) if var_r > 1e-8 else 0.0
+        )
     else:
         seq, metrics = group_advantages(batch.rewards, batch.group_ids, algo.estimator)
         adv = torch.where(mask, seq[:, None].expand_as(mask), torch.zeros(()))

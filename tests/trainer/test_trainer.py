@@ -189,6 +189,7 @@ def test_quickstart_two_iteration_smoke(tmp_path):
         "logprob_gap_mean_abs",
         "critic/value_loss",
         "critic/value_explained_var",
+        "critic/explained_var_before",
         "rollout_tokens_per_s",
         "train_tokens_per_s",
         "turns_mean",

@@ -77,7 +77,6 @@ def test_name_pools_fix_the_layout_and_keep_tasks_distinct():
         make("bugfix-v0", sandbox="local", n_modules=2, modules=["mathops"])
 
 
-
 def test_template_pool_restricts_the_functions_drawn():
     pool = ["scale", "sum_to", "argmax"]
     tasks = [generate("train", i, n_modules=1, n_distractors=1, templates=pool) for i in range(60)]
@@ -88,13 +87,19 @@ def test_template_pool_restricts_the_functions_drawn():
     allowed |= {"total_to", "argmax", "index_of_max", "best_index", "peak_index"}
     assert set(drawn) <= allowed and len(drawn) > 3
     assert {t.fix["new"] for t in tasks} <= {
-        "v * factor", "range(1, n + 1)", "total += i", "range(1, len(values))", "values[i] > values[best]"
+        "v * factor",
+        "range(1, n + 1)",
+        "total += i",
+        "range(1, len(values))",
+        "values[i] > values[best]",
     }
     assert tasks[0].id != generate("train", 0, n_modules=1, n_distractors=1).id  # the pool is part of the id
     with pytest.raises(ValueError, match=r"unknown templates \['scales'\]; the templates are \['scale'"):
         generate("train", 0, templates=["scales"])
     with pytest.raises(ValueError, match="at most 3 .*number of function templates"):
         make("bugfix-v0", sandbox="local", n_modules=2, n_distractors=1, templates=pool)
+
+
 def expert_episode(env, task, fmt_through_parser=True, run_tests=True):
     async def go():
         await env.reset(task)

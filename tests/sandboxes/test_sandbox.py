@@ -291,6 +291,14 @@ def test_unknown_backend_and_missing_image():
         make_sandbox("docker", pids=0)
 
 
+async def reused(pool, n: int, within: float = 120.0) -> None:
+    """Wait until the pool has put ``n`` released sandboxes back after their reset."""
+    deadline = asyncio.get_running_loop().time() + within
+    while pool.stats["reused"] < n:
+        assert asyncio.get_running_loop().time() < deadline, f"no reset finished: {pool.stats}"
+        await asyncio.sleep(0.05)
+
+
 def test_pool_hands_out_reset_sandboxes(backend):
     async def go():
         async with SandboxPool(backend, size=2, **SETTINGS[backend]) as pool:
@@ -300,8 +308,8 @@ def test_pool_hands_out_reset_sandboxes(backend):
                 "echo change >> .git/description; mkdir -p d && touch d/x /tmp/leftover", timeout=10
             )
             pool.release(sb)
-            await asyncio.sleep(0)  # let the background reset run
-            for _ in range(2):
+            for i in range(2):
+                await reused(pool, i + 1)  # the background reset is done (slow on a loaded machine)
                 async with pool.sandbox() as again:
                     assert await again.diff() == ""
                     r = await again.exec("ls -A; ls -A /tmp", timeout=10)

@@ -7,11 +7,19 @@ returns ``(advantages, returns)``).
 
 from agentrl.algo.advantages import discounted_reverse_cumsum, gae, group_advantages
 from agentrl.algo.logprobs import token_logprobs
-from agentrl.algo.losses import aggregate, icepop_weights, kl_penalty, policy_loss, value_loss
+from agentrl.algo.losses import (
+    aggregate,
+    explained_variance,
+    icepop_weights,
+    kl_penalty,
+    policy_loss,
+    value_loss,
+)
 
 __all__ = [
     "aggregate",
     "discounted_reverse_cumsum",
+    "explained_variance",
     "gae",
     "group_advantages",
     "icepop_weights",

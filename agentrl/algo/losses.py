@@ -249,6 +249,18 @@ def policy_loss(
     return loss, metrics
 
 
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over the masked tokens; 0 when the returns have (nearly) no
+    variance to explain (not a huge ratio)."""
+    trainable = as_bool_mask(mask)
+    with torch.no_grad():
+        v, r = values.detach()[trainable].double(), returns.detach()[trainable].double()
+        if r.numel() < 2:
+            return 0.0
+        var_r = r.var(unbiased=False)
+        return float(1.0 - (r - v).var(unbiased=False) / var_r) if var_r > 1e-8 else 0.0
+
+
 def value_loss(
     values: Tensor,
     old_values: Tensor,
@@ -289,16 +301,9 @@ def value_loss(
         clip_active = err_clipped > err
     loss = masked_mean(per_token, trainable)
 
-    with torch.no_grad():
-        v, r = values.detach()[trainable].double(), target[trainable].double()
-        var_r = r.var(unbiased=False) if r.numel() else torch.zeros((), dtype=torch.float64)
-        # Returns that are (nearly) constant have no variance to explain: report 0, not a huge ratio.
-        explained = (
-            float(1.0 - (r - v).var(unbiased=False) / var_r) if r.numel() > 1 and var_r > 1e-8 else 0.0
-        )
     n = int(trainable.sum())
     metrics = {
-        "value_explained_var": explained,
+        "value_explained_var": explained_variance(values, target, trainable),
         "value_clip_frac": float((clip_active & trainable).sum()) / n if n else 0.0,
         "value_mean": masked_float(values, trainable, "mean", 0.0),
         "return_mean": masked_float(target, trainable, "mean", 0.0),

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.algo import gae, group_advantages, icepop_weights
+from agentrl.algo import explained_variance, gae, group_advantages, icepop_weights
 from agentrl.config import AlgoConfig, ConfigError, TrainConfig
 from agentrl.env import Task, make
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
@@ -321,11 +321,7 @@ def advantages(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tens
         adv, ret = gae(rewards, batch.old_values, mask, algo.gamma, algo.lam)
         # How much of the return the values behind these advantages explained (before this batch's
         # critic update; critic/value_explained_var is measured while the critic fits the batch).
-        r, v = ret[mask].double(), batch.old_values[mask].double()
-        var_r = r.var(unbiased=False) if r.numel() > 1 else torch.zeros((), dtype=torch.float64)
-        metrics["critic/explained_var_before"] = (
-            float(1.0 - (r - v).var(unbiased=False) / var_r) if var_r > 1e-8 else 0.0
-        )
+        metrics["critic/explained_var_before"] = explained_variance(batch.old_values, ret, mask)
     else:
         seq, metrics = group_advantages(batch.rewards, batch.group_ids, algo.estimator)
         adv = torch.where(mask, seq[:, None].expand_as(mask), torch.zeros(()))

@@ -27,13 +27,11 @@ interpreter exit, and on SIGINT/SIGTERM of the creating process. Each carries la
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import io
 import logging
 import os
 import shutil
-import signal
 import socket
 import tarfile
 import threading
@@ -57,6 +55,7 @@ from agentrl.sandbox import (
     diff_script,
     join_cut,
 )
+from agentrl.sandboxes import _cleanup
 from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE
 
 log = logging.getLogger(__name__)
@@ -164,7 +163,6 @@ _lock = threading.Lock()
 _clients: dict[str | None, Any] = {}
 _executor: ThreadPoolExecutor | None = None
 _live: dict[str, Any] = {}  # container id -> client, for cleanup at exit and on signals
-_handlers_installed = False
 _warned: set[str] = set()
 
 
@@ -206,30 +204,6 @@ def _remove_live_containers() -> None:
     for cid, client in items:
         with contextlib.suppress(Exception):
             client.api.remove_container(cid, force=True, v=True)
-
-
-def _on_signal(signum, frame, previous):
-    _remove_live_containers()
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-
-def _install_cleanup_handlers() -> None:
-    global _handlers_installed
-    with _lock:
-        if _handlers_installed:
-            return
-        _handlers_installed = True
-    atexit.register(_remove_live_containers)
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous = signal.getsignal(signum)
-            if previous is signal.SIG_IGN:
-                continue
-            signal.signal(signum, lambda s, f, p=previous: _on_signal(s, f, p))
 
 
 def _transient(e: BaseException) -> bool:
@@ -306,7 +280,7 @@ class DockerSandbox(AsyncStartClose):
     async def start(self) -> None:
         if self.container_id is not None:
             return
-        _install_cleanup_handlers()
+        _cleanup.on_exit(_remove_live_containers)
         self._client = await self._call(client_for, self.config.docker_host)
         await self._call(self._create_and_start)
         for _ in range(3):  # idempotent; retried when a loaded daemon drops the exec's output

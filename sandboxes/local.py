@@ -21,6 +21,9 @@ processes, and not enforced at all for root). File size and CPU time are always 
 disk use is not limited (each file is, by ``max_file_size``). Under bwrap commands run as uid
 1000 in a user namespace; without it, as the calling user. The weaker isolation is logged once
 per process.
+
+Cleanup: a workspace this backend created is removed on ``close()``, at interpreter exit and on
+SIGINT/SIGTERM of the creating process (not after ``kill -9``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from agentrl.sandbox import (
     diff_script,
     join_cut,
 )
+from agentrl.sandboxes import _cleanup
 from agentrl.sandboxes.docker import parse_size
 
 log = logging.getLogger(__name__)
@@ -167,6 +171,16 @@ class LocalConfig:
             raise ValueError(f"timeout must be a positive number of seconds; got {self.timeout!r}")
 
 
+_live_workdirs: set[str] = set()  # workspaces this process made and has not removed yet
+
+
+def _remove_live_workdirs() -> None:
+    """At exit or on SIGINT/SIGTERM: the workspace directories ``close()`` did not get to."""
+    for path in list(_live_workdirs):
+        shutil.rmtree(path, ignore_errors=True)
+        _live_workdirs.discard(path)
+
+
 class LocalSandbox(AsyncStartClose):
     """A workspace directory on this machine; use as ``async with LocalSandbox(LocalConfig(...)) as sb``."""
 
@@ -205,7 +219,9 @@ class LocalSandbox(AsyncStartClose):
             path = Path(cfg.workdir).resolve()
             path.mkdir(parents=True, exist_ok=True)
         else:
+            _cleanup.on_exit(_remove_live_workdirs)
             path = Path(tempfile.mkdtemp(prefix="agentrl-ws-"))
+            _live_workdirs.add(str(path))
             self._own_workdir = True
         if cfg.cgroup:
             self._cgroup = Cgroup.create(cfg.processes, cfg.memory_bytes)
@@ -426,3 +442,4 @@ class LocalSandbox(AsyncStartClose):
             await asyncio.get_running_loop().run_in_executor(None, self._cgroup.remove)
         if self._own_workdir and self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            _live_workdirs.discard(self.workdir)

@@ -1,5 +1,7 @@
-"""Containers are removed on SIGTERM/SIGINT; after kill -9, `agentrl sandbox gc` removes them."""
+"""Containers and local workspaces are removed on SIGTERM/SIGINT; after kill -9, `agentrl sandbox gc`
+removes the containers."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -17,9 +19,9 @@ from agentrl.sandbox import make_sandbox
 # a child of a background job inherits SIGINT ignored (and then keeps it ignored): restore Python's own
 signal.signal(signal.SIGINT, signal.default_int_handler)
 async def go():
-    async with make_sandbox("docker", memory="256m") as sb:
+    async with make_sandbox(sys.argv[1], memory="256m") as sb:
         await sb.exec("echo started", timeout=10)
-        print("ready", flush=True)
+        print("ready", getattr(sb, "workdir", ""), flush=True)
         await sb.exec("sleep 600", timeout=600)  # mid-episode when the signal comes
 asyncio.run(go())
 """
@@ -34,8 +36,8 @@ def containers_of(pid: int):
 
 
 def start_child():
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "ready"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "docker"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().split()[0] == "ready"
     assert len(containers_of(child.pid)) == 1
     return child
 
@@ -47,6 +49,16 @@ def test_signal_removes_the_containers(signum):
     child.send_signal(signum)
     child.wait(timeout=60)  # removing the container takes seconds, more on a loaded machine
     assert containers_of(child.pid) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_removes_the_local_workspace(signum):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, "local"], stdout=subprocess.PIPE, text=True)
+    ready, workdir = child.stdout.readline().split()
+    assert ready == "ready" and os.path.isdir(workdir)
+    child.send_signal(signum)
+    child.wait(timeout=60)
+    assert not os.path.exists(workdir)
 
 
 def test_kill_9_then_gc_leaves_nothing(capsys):

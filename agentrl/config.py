@@ -103,6 +103,9 @@ class OptimConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     epochs: int = Field(1, ge=1)
     """Passes over each batch."""
+    critic_epochs: int | None = Field(None, ge=1)
+    """Passes of the critic over each batch (None: ``epochs``). A value model trained from the
+    policy's weights needs more steps than the actor before its values carry information."""
     minibatches: int = Field(1, ge=1)
     """Optimizer steps per epoch."""
     micro_token_budget: int = Field(8192, ge=64)

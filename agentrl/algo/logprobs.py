@@ -53,6 +53,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # an entropy returned as a metric only has a zero gradient: skip its term
+        with_entropy = ctx.return_entropy and grad_entropy is not None and bool(grad_entropy.any())
         grad_hidden = torch.zeros_like(hidden) if need_h else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         for start in range(0, hidden.shape[0], chunk_size):
@@ -61,7 +63,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             g_logp = grad_logp[start:end, None].float()
             # In the logits buffer, in place: z -> log p -> p.
             log_probs = _chunk_logits(h, weight, temperature).sub_(lse[start:end, None])
-            if ctx.return_entropy:
+            if with_entropy:
                 # dH/dz_j = -p_j (log p_j + H);  d logp_target / dz_j = onehot_j - p_j
                 g_ent = grad_entropy[start:end, None].float()
                 probs = log_probs.exp()

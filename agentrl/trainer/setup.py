@@ -73,6 +73,7 @@ def _line(r: dict[str, Any]) -> str:
         ("icepop", "icepop_masked_frac"),
         ("clip", "actor/clip_frac"),
         ("kl", "actor/approx_kl"),
+        ("ent", "actor/entropy"),
         ("ev", "critic/explained_var_before"),
         ("trunc", "truncation_rate"),
     ]
@@ -154,6 +155,7 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         total_steps=iters * o.epochs * o.minibatches,
         grad_clip=o.grad_clip,
         epochs=o.epochs,
+        critic_epochs=o.critic_epochs,
         minibatches=o.minibatches,
         micro_token_budget=o.micro_token_budget,
         packing=o.packing,

@@ -124,6 +124,7 @@ class TorchBackend:
         total_steps: int = 1000,
         grad_clip: float = 1.0,
         epochs: int = 1,
+        critic_epochs: int | None = None,
         minibatches: int = 1,
         micro_token_budget: int = 8192,
         logprob_chunk: int = 1024,
@@ -138,6 +139,7 @@ class TorchBackend:
         self.critic = ValueModel(policy).to(self.device).train() if critic else None
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if reference else None
         self.epochs, self.minibatches = epochs, minibatches
+        self.critic_epochs = critic_epochs or epochs
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
         if packing not in ("padded", "packed"):
             raise ValueError(f"packing must be 'padded' or 'packed'; got {packing!r}")
@@ -147,7 +149,9 @@ class TorchBackend:
         self.generator = torch.Generator().manual_seed(seed)
         self.actor_opt = torch.optim.AdamW(policy.parameters(), lr=actor_lr, weight_decay=weight_decay)
         self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
-        self._critic_args = (critic_lr, weight_decay, warmup_steps, schedule, total_steps)
+        # the critic takes critic_epochs / epochs as many steps: its schedule spans them all
+        critic_total = max(1, total_steps * self.critic_epochs // epochs)
+        self._critic_args = (critic_lr, weight_decay, warmup_steps, schedule, critic_total)
         if self.critic is not None:
             self._critic_optimizer()
 
@@ -204,13 +208,18 @@ class TorchBackend:
             at += n - 1
         return out
 
-    def _row_logprobs(self, model: nn.Module, batch: Batch, rows: list[int], temperature: float) -> Tensor:
-        """[len(rows), T] log-prob of each token given its prefix (column 0 is 0)."""
+    def _row_logprobs(
+        self, model: nn.Module, batch: Batch, rows: list[int], temperature: float, entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """[len(rows), T] log-prob of each token given its prefix (column 0 is 0); with ``entropy``,
+        also the entropy of the distribution each token was drawn from."""
         hidden = self._hidden(_backbone(model), batch, rows)
         targets = torch.cat([batch.input_ids[r, 1 : int(batch.lengths[r])] for r in rows]).to(self.device)
         weight = model.get_output_embeddings().weight
-        logp = token_logprobs(hidden.float(), weight.float(), targets, temperature, self.chunk)
-        return self._scatter(logp, batch, rows)
+        out = token_logprobs(hidden.float(), weight.float(), targets, temperature, self.chunk, entropy)
+        if entropy:
+            return self._scatter(out[0], batch, rows), self._scatter(out[1].detach(), batch, rows)
+        return self._scatter(out, batch, rows)
 
     def _row_values(self, batch: Batch, rows: list[int]) -> Tensor:
         hidden = self._hidden(self.critic.backbone, batch, rows)
@@ -280,7 +289,7 @@ class TorchBackend:
         device = self.device
 
         def loss_fn(micro: list[int]):
-            logp = self._row_logprobs(self.policy, batch, micro, loss.temperature)
+            logp, entropy = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
             sub = batch.rows(micro)
             value, metrics = policy_loss(
                 logp,
@@ -299,6 +308,9 @@ class TorchBackend:
                 value = value + loss.kl_coef * kl.sum() / sub.loss_mask.sum().clamp(min=1)
                 metrics.update(kl_metrics)
             metrics["policy_loss"] = float(value.detach())
+            mask = sub.loss_mask.to(device)
+            # a metric only (no entropy bonus): a rising entropy is the first sign of a degrading policy
+            metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
             return value, metrics
 
         agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
@@ -336,7 +348,7 @@ class TorchBackend:
             batch,
             loss_fn,
             self._share(batch, "token-mean"),
-            self.epochs,
+            self.critic_epochs,
         )
         return _mean(history, prefix="critic/")
 

@@ -53,6 +53,19 @@ def test_entropy_only_gradient():
     torch.testing.assert_close(got, hidden.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_entropy_as_a_metric_leaves_the_logprob_gradient_as_it_is():
+    hidden, weight, targets = inputs(n=60)
+    logp, ent = token_logprobs(hidden, weight, targets, temperature=0.5, chunk_size=16, return_entropy=True)
+    logp.sum().backward()  # the entropy is only read, as the trainer's metric
+    got = (hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+    token_logprobs(hidden, weight, targets, temperature=0.5, chunk_size=16).sum().backward()
+    torch.testing.assert_close(got[0], hidden.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[1], weight.grad, rtol=1e-6, atol=1e-6)
+    ref = naive_token_logprobs(hidden, weight, targets, 0.5)[1].detach()
+    torch.testing.assert_close(ent.detach(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_bf16_inputs_give_fp32_logprobs_close_to_naive():
     hidden, weight, targets = inputs(dtype=torch.bfloat16)
     logp = token_logprobs(hidden, weight, targets, chunk_size=64)

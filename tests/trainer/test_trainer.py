@@ -93,7 +93,9 @@ def test_masked_and_icepop_dropped_tokens_get_zero_logit_gradient_through_the_ba
         logits = (hidden @ weight.t()) / temperature
         logits.retain_grad()
         recorded.append(logits)
-        return torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+        logp_all = torch.log_softmax(logits, -1)
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        return (logp, -(logp_all.exp() * logp_all).sum(-1)) if return_entropy else logp
 
     monkeypatch.setattr(tb, "token_logprobs", naive)
     out = backend.train_actor(batch, LossConfig())
@@ -133,6 +135,31 @@ def test_reset_critic_starts_the_value_model_from_the_current_policy():
     assert same_backbone() and float(backend.critic.head.weight.detach().abs().sum()) == 0.0
     assert backend.critic_opt.param_groups[0]["params"][0] is next(backend.critic.parameters())
     assert backend.critic_opt.param_groups[0]["lr"] == 1e-3
+
+
+def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
+    model, _ = tiny_chat_model(seed=5)
+    backend = TorchBackend(
+        model, epochs=1, critic_epochs=3, minibatches=3, schedule="cosine", total_steps=3, critic_lr=1e-3
+    )
+    batch = synthetic_batch()
+    batch.old_logprobs = backend.logprobs(batch)
+    batch.old_values = backend.values(batch)
+    batch.advantages = torch.where(batch.loss_mask, torch.ones(batch.input_ids.shape), torch.zeros(()))
+    batch.returns = batch.advantages.clone()
+    backend.train_critic(batch, LossConfig(value_clip=None))
+    backend.train_actor(batch, LossConfig())
+
+    def steps(opt):
+        return max(int(s["step"]) for s in opt.state.values())
+
+    assert (steps(backend.critic_opt), steps(backend.actor_opt)) == (9, 3)
+    # both cosine schedules end together, the critic's after its 9 steps, the actor's after its 3
+    assert backend.critic_sched.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
+    assert backend.actor_sched.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
+    backend = TorchBackend(model, epochs=1, minibatches=3, schedule="cosine", total_steps=6, critic_lr=1e-3)
+    backend.train_critic(batch, LossConfig(value_clip=None))
+    assert backend.critic_sched.get_last_lr()[0] == pytest.approx(5e-4)  # default: the actor's epochs
 
 
 def test_recipes_all_validate():
@@ -186,6 +213,7 @@ def test_quickstart_two_iteration_smoke(tmp_path):
         "icepop_masked_frac",
         "actor/clip_frac",
         "actor/approx_kl",
+        "actor/entropy",
         "logprob_gap_mean_abs",
         "critic/value_loss",
         "critic/value_explained_var",

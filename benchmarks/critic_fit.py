@@ -20,20 +20,21 @@ from pathlib import Path
 
 import torch
 
-from agentrl.algo import explained_variance, gae
+from agentrl.algo import explained_variance
+from agentrl.config import AlgoConfig
 from agentrl.models import tiny_chat_model
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.backend import Batch, LossConfig
+from agentrl.trainer.setup import advantages
 from agentrl.trainer.torch_backend import TorchBackend
 
 
 def prepared(trajectories) -> Batch:
+    """The episodes as a batch with the trainer's returns for gamma = lambda = 1 (values at 0)."""
     batch = Batch.from_trajectories(trajectories)
-    rewards = torch.zeros(batch.input_ids.shape)
-    last = torch.where(batch.loss_mask, torch.arange(batch.loss_mask.shape[1]), -1).max(1).values
-    rewards[torch.arange(batch.size), last] = batch.rewards
     batch.old_values = torch.zeros(batch.input_ids.shape)
-    batch.advantages, batch.returns = gae(rewards, batch.old_values, batch.loss_mask, 1.0, 1.0)
+    algo = AlgoConfig(estimator="gae", gamma=1.0, lam=1.0, normalize_advantages=False)
+    batch.advantages, batch.returns, _ = advantages(batch, algo)
     return batch
 
 

@@ -33,9 +33,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"], metavar="SEED")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = parser.parse_args()
+    # "--seeds 0 1 run.iterations=12": the overrides after the seeds are overrides, not seeds
+    args.overrides = [*args.overrides, *(a for a in args.seeds if "=" in a)]
+    args.seeds = [a for a in args.seeds if "=" not in a]
+    for a in args.seeds:
+        if not a.lstrip("-").isdigit():
+            parser.error(f"--seeds takes integers; got {a!r} (overrides are written key.sub=value)")
+    args.seeds = [int(a) for a in args.seeds]
     rows = []
     for seed in args.seeds:
         common = ["metrics.progress=false", *args.overrides]

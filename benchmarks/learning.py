@@ -64,7 +64,8 @@ def main() -> int:
     ppo_gains = [after - before for _, e, before, after, _ in rows if e == "gae"]
     met = all(g >= 0.25 for g in ppo_gains)
     print(
-        f"\nPPO gain at every seed >= 0.25: {'met' if met else 'MISSED'} (gains {', '.join(f'{g:+.3f}' for g in ppo_gains)})"
+        f"\nPPO gain >= 0.25 at every seed run here ({', '.join(map(str, args.seeds))}): "
+        f"{'met' if met else 'MISSED'} (gains {', '.join(f'{g:+.3f}' for g in ppo_gains)})"
     )
     return 0
 

@@ -21,11 +21,10 @@ from pathlib import Path
 import torch
 
 from agentrl.algo import explained_variance
-from agentrl.config import AlgoConfig
-from agentrl.models import tiny_chat_model
+from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.backend import Batch, LossConfig
-from agentrl.trainer.setup import advantages
+from agentrl.trainer.setup import _load_policy, advantages
 from agentrl.trainer.torch_backend import TorchBackend
 
 
@@ -65,10 +64,8 @@ def main() -> int:
         if not (run / needed).exists():
             print(f"error: {run / needed} is missing; give the directory of a run that had a warm start")
             return 2
-    cfg = json.loads((run / "config.json").read_text())
-    if cfg["model"]["name"] != "tiny":
-        print(f"error: this diagnostic builds the tiny model; the run used {cfg['model']['name']!r}")
-        return 2
+    cfg = TrainConfig.model_validate(json.loads((run / "config.json").read_text()))
+    cfg.model.init = str(run / "warm_start.pt")  # the run's policy, built as the trainer builds it
     trajectories = list(TrajectoryStore(run / "trajectories").read())
     if len(trajectories) <= args.train:
         print(f"error: {len(trajectories)} stored episodes; --train {args.train} leaves none to test on")
@@ -80,15 +77,11 @@ def main() -> int:
         f"({int(test.loss_mask.sum())} tokens, {int(errors.sum())} after a tool error, "
         f"mean return there {float(test.returns[errors].mean()) if errors.any() else float('nan'):.3f})"
     )
-    state = torch.load(run / "warm_start.pt", weights_only=True)
     for lr in args.lr:
         torch.manual_seed(0)
-        policy, _ = tiny_chat_model(
-            seed=cfg["run"]["seed"], hidden=cfg["model"]["tiny_hidden"], layers=cfg["model"]["tiny_layers"]
-        )
-        policy.load_state_dict(state)
+        policy, _ = _load_policy(cfg)
         backend = TorchBackend(
-            policy, critic_lr=lr, epochs=1, minibatches=args.minibatches, seed=cfg["run"]["seed"]
+            policy, critic_lr=lr, epochs=1, minibatches=args.minibatches, seed=cfg.run.seed
         )
         print(f"\ncritic lr {lr:g}, {args.minibatches} steps per epoch")
         print("| epoch | test explained variance | V after a tool error | V elsewhere |")

@@ -8,6 +8,7 @@ number of passing tests must equal the task's, so skipping or deselecting tests 
 Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
 ``packages`` / ``modules`` (the names drawn from; a single name each fixes the file layout),
 ``templates`` (the function templates drawn from, by name: ``generator.TEMPLATE_NAMES``),
+``single_bug`` (each template injects only its first bug kind, so the function's name tells the fix),
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
 (``end`` the episode, or ``remind`` the agent to use a tool).
 """
@@ -68,6 +69,7 @@ class BugfixEnv:
         packages: list[str] | None = None,
         modules: list[str] | None = None,
         templates: list[str] | None = None,
+        single_bug: bool = False,
     ):
         if on_no_tool_call not in ("end", "remind"):
             raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
@@ -79,7 +81,9 @@ class BugfixEnv:
         self.sandbox_config = dict(sandbox_config or {})
         self.n_modules, self.n_distractors, self.seed = n_modules, n_distractors, seed
         packages, modules, templates = check_layout(n_modules, n_distractors, packages, modules, templates)
-        self.names = {"packages": packages, "modules": modules, "templates": templates}
+        if not isinstance(single_bug, bool):
+            raise ValueError(f"single_bug must be true or false; got {single_bug!r}")
+        self.names = {"packages": packages, "modules": modules, "templates": templates, "single_bug": single_bug}
         self.name_failing_test = name_failing_test
         self.max_turns = max_turns
         self.on_no_tool_call = on_no_tool_call

@@ -349,6 +349,7 @@ def _draw(
     packages: tuple[str, ...] = PACKAGES,
     module_names: tuple[str, ...] = MODULES,
     template_pool: tuple[Callable[[random.Random], Function], ...] = TEMPLATES,
+    single_bug: bool = False,
 ) -> BugfixTask | None:
     package = rng.choice(packages)
     modules = rng.sample(module_names, n_modules)
@@ -365,7 +366,8 @@ def _draw(
             layout[module].append(fn)
     module = rng.choice(modules)
     target = rng.choice(layout[module])
-    kind = rng.choice(sorted(target.bugs))
+    kinds = sorted(target.bugs)
+    kind = kinds[0] if single_bug else rng.choice(kinds)
     correct_snippet, buggy_snippet = target.bugs[kind]
     if target.code.count(correct_snippet) != 1:
         return None
@@ -417,6 +419,7 @@ def generate(
     packages: tuple[str, ...] | None = None,
     modules: tuple[str, ...] | None = None,
     templates: tuple[str, ...] | None = None,
+    single_bug: bool = False,
 ) -> BugfixTask:
     """Task ``index`` of ``split``; the same arguments always give the same task.
 
@@ -424,6 +427,8 @@ def generate(
     ``packages`` / ``modules``: the names the package and its modules are drawn from (default:
     ``PACKAGES`` / ``MODULES``); one name each gives every task the same file layout.
     ``templates``: the function templates drawn from, by name (default: all of ``TEMPLATE_NAMES``).
+    ``single_bug``: each template injects only the first of its bug kinds (in alphabetical order),
+    so a function's template, which its name tells, also tells the fix.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
@@ -436,10 +441,12 @@ def generate(
     names = "" if (package_names, module_names) == (PACKAGES, MODULES) else f"/{package_names}/{module_names}"
     if template_names != TEMPLATE_NAMES:
         names += f"/{template_names}"
+    if single_bug:
+        names += "/single-bug"
     pool = tuple(TEMPLATES[TEMPLATE_NAMES.index(n)] for n in template_names)
     for attempt in range(10_000):
         rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}{names}/{attempt}")
-        task = _draw(rng, n_modules, n_functions, package_names, module_names, pool)
+        task = _draw(rng, n_modules, n_functions, package_names, module_names, pool, single_bug)
         if task is not None and split_of(task.content_hash) == split:
             task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
             if names:

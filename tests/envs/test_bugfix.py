@@ -100,6 +100,31 @@ def test_template_pool_restricts_the_functions_drawn():
         make("bugfix-v0", sandbox="local", n_modules=2, n_distractors=1, templates=pool)
 
 
+def test_single_bug_makes_the_template_tell_the_fix():
+    pool = ["sum_to", "clamp", "argmax"]  # two bug kinds each
+    both = [generate("train", i, n_modules=1, n_distractors=0, templates=pool) for i in range(90)]
+    single = [generate("train", i, n_modules=1, n_distractors=0, templates=pool, single_bug=True) for i in range(90)]
+    assert generate("train", 4, single_bug=False) == generate("train", 4)  # the default draw is unchanged
+    assert len({t.bug_kind for t in both}) == 4  # off_by_one, wrong_operator, wrong_comparison, swapped_args
+    # the first kind of each template, alphabetically: sum_to off_by_one, clamp swapped_args, argmax off_by_one
+    assert {(t.files[t.buggy_path].split("(")[0], t.fix["new"]) for t in single} <= {
+        (f"def {name}", new)
+        for name in ("sum_to", "triangle", "sum_up_to", "total_to")
+        for new in ["range(1, n + 1)"]
+    } | {
+        (f"def {name}", "    if x < lo:\n        return lo\n") for name in ("clamp", "bound", "limit", "clip_value")
+    } | {
+        (f"def {name}", "range(1, len(values))")
+        for name in ("argmax", "index_of_max", "best_index", "peak_index")
+    }
+    assert {t.bug_kind for t in single} == {"off_by_one", "swapped_args"}
+    assert single[0].id != both[0].id  # part of the id
+    env = make("bugfix-v0", sandbox="local", n_modules=1, n_distractors=0, templates=pool, single_bug=True)
+    assert env.task_spec(env.task("train", 7)) == single[7]
+    with pytest.raises(ValueError, match="single_bug must be true or false; got 'yes'"):
+        make("bugfix-v0", sandbox="local", single_bug="yes")
+
+
 def expert_episode(env, task, fmt_through_parser=True, run_tests=True):
     async def go():
         await env.reset(task)

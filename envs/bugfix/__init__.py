@@ -83,7 +83,12 @@ class BugfixEnv:
         packages, modules, templates = check_layout(n_modules, n_distractors, packages, modules, templates)
         if not isinstance(single_bug, bool):
             raise ValueError(f"single_bug must be true or false; got {single_bug!r}")
-        self.names = {"packages": packages, "modules": modules, "templates": templates, "single_bug": single_bug}
+        self.names = {
+            "packages": packages,
+            "modules": modules,
+            "templates": templates,
+            "single_bug": single_bug,
+        }
         self.name_failing_test = name_failing_test
         self.max_turns = max_turns
         self.on_no_tool_call = on_no_tool_call

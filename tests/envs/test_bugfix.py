@@ -103,7 +103,9 @@ def test_template_pool_restricts_the_functions_drawn():
 def test_single_bug_makes_the_template_tell_the_fix():
     pool = ["sum_to", "clamp", "argmax"]  # two bug kinds each
     both = [generate("train", i, n_modules=1, n_distractors=0, templates=pool) for i in range(90)]
-    single = [generate("train", i, n_modules=1, n_distractors=0, templates=pool, single_bug=True) for i in range(90)]
+    single = [
+        generate("train", i, n_modules=1, n_distractors=0, templates=pool, single_bug=True) for i in range(90)
+    ]
     assert generate("train", 4, single_bug=False) == generate("train", 4)  # the default draw is unchanged
     assert len({t.bug_kind for t in both}) == 4  # off_by_one, wrong_operator, wrong_comparison, swapped_args
     # the first kind of each template, alphabetically: sum_to off_by_one, clamp swapped_args, argmax off_by_one
@@ -112,7 +114,8 @@ def test_single_bug_makes_the_template_tell_the_fix():
         for name in ("sum_to", "triangle", "sum_up_to", "total_to")
         for new in ["range(1, n + 1)"]
     } | {
-        (f"def {name}", "    if x < lo:\n        return lo\n") for name in ("clamp", "bound", "limit", "clip_value")
+        (f"def {name}", "    if x < lo:\n        return lo\n")
+        for name in ("clamp", "bound", "limit", "clip_value")
     } | {
         (f"def {name}", "range(1, len(values))")
         for name in ("argmax", "index_of_max", "best_index", "peak_index")

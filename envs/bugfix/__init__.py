@@ -80,10 +80,11 @@ class BugfixEnv:
         self.backend = ("docker" if docker_ready() else "local") if sandbox == "auto" else sandbox
         self.sandbox_config = dict(sandbox_config or {})
         self.n_modules, self.n_distractors, self.seed = n_modules, n_distractors, seed
-        packages, modules, templates = check_layout(n_modules, n_distractors, packages, modules, templates)
-        if not isinstance(single_bug, bool):
-            raise ValueError(f"single_bug must be true or false; got {single_bug!r}")
-        self.names = {
+        packages, modules, templates = check_layout(
+            n_modules, n_distractors, packages, modules, templates, single_bug
+        )
+        # what generate() draws each task from, beside its layout
+        self.draw = {
             "packages": packages,
             "modules": modules,
             "templates": templates,
@@ -129,7 +130,7 @@ class BugfixEnv:
             n_modules=self.n_modules,
             n_distractors=self.n_distractors,
             seed=self.seed,
-            **self.names,
+            **self.draw,
         )
 
     # -- episode --

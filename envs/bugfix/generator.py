@@ -433,7 +433,7 @@ def generate(
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
     package_names, module_names, template_names = check_layout(
-        n_modules, n_distractors, packages, modules, templates
+        n_modules, n_distractors, packages, modules, templates, single_bug
     )
     if index < 0:
         raise ValueError(f"index must be >= 0; got {index}")
@@ -457,9 +457,12 @@ def generate(
 
 
 def check_layout(
-    n_modules: int, n_distractors: int, packages=None, modules=None, templates=None
+    n_modules: int, n_distractors: int, packages=None, modules=None, templates=None, single_bug=False
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """Validate the layout knobs of ``generate``; returns the package, module and template name pools."""
+    """Validate the knobs of ``generate`` (its layout and ``single_bug``); returns the package, module and
+    template name pools."""
+    if not isinstance(single_bug, bool):
+        raise ValueError(f"single_bug must be true or false; got {single_bug!r}")
     package_names = _names("packages", packages, PACKAGES)
     module_names = _names("modules", modules, MODULES)
     template_names = _names("templates", templates, TEMPLATE_NAMES)

@@ -110,9 +110,7 @@ def test_single_bug_makes_the_template_tell_the_fix():
     assert len({t.bug_kind for t in both}) == 4  # off_by_one, wrong_operator, wrong_comparison, swapped_args
     # the first kind of each template, alphabetically: sum_to off_by_one, clamp swapped_args, argmax off_by_one
     assert {(t.files[t.buggy_path].split("(")[0], t.fix["new"]) for t in single} <= {
-        (f"def {name}", new)
-        for name in ("sum_to", "triangle", "sum_up_to", "total_to")
-        for new in ["range(1, n + 1)"]
+        (f"def {name}", "range(1, n + 1)") for name in ("sum_to", "triangle", "sum_up_to", "total_to")
     } | {
         (f"def {name}", "    if x < lo:\n        return lo\n")
         for name in ("clamp", "bound", "limit", "clip_value")
@@ -126,6 +124,8 @@ def test_single_bug_makes_the_template_tell_the_fix():
     assert env.task_spec(env.task("train", 7)) == single[7]
     with pytest.raises(ValueError, match="single_bug must be true or false; got 'yes'"):
         make("bugfix-v0", sandbox="local", single_bug="yes")
+    with pytest.raises(ValueError, match="single_bug must be true or false; got 1"):
+        generate("train", 0, single_bug=1)
 
 
 def expert_episode(env, task, fmt_through_parser=True, run_tests=True):

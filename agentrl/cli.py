@@ -43,6 +43,9 @@ def _quickstart(args: argparse.Namespace) -> int:
         f"done: held-out success {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} ({gain:+.3f}) "
         f"in {summary['seconds'] / 60:.1f} min; {summary['run_dir']}/curve.png"
     )
+    if "eval_after_sampled" in summary:
+        before, after = summary["eval_before_sampled"], summary["eval_after_sampled"]
+        print(f"      sampled held-out success {before:.3f} -> {after:.3f} ({after - before:+.3f})")
     return 0
 
 
@@ -145,6 +148,23 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from agentrl.config import ConfigError, TrainConfig, load_config
+    from agentrl.trainer.setup import evaluate_weights
+
+    try:
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+        result = asyncio.run(evaluate_weights(cfg))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"model.init": cfg.model.init, **result}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl", description="Reinforcement learning for tool-using coding agents."
@@ -192,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="YAML recipe (e.g. recipes/quickstart.yaml)")
     train.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. run.resume=true")
     train.set_defaults(func=_train)
+
+    evaluate = commands.add_parser(
+        "eval", help="held-out success of saved weights (model.init=FILE or a checkpoint directory)"
+    )
+    evaluate.add_argument("config", help="YAML recipe the weights were trained with")
+    evaluate.add_argument(
+        "overrides", nargs="*", help="key.sub=value overrides, e.g. model.init=... metrics.eval_samples=4"
+    )
+    evaluate.set_defaults(func=_eval)
     return parser
 
 

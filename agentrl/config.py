@@ -55,7 +55,8 @@ class ModelConfig(Section):
     tiny_layers: int = Field(2, ge=1)
     dtype: Literal["float32", "bfloat16"] = "float32"
     init: str | None = None
-    """Policy weights to start from (a state-dict file, e.g. another run's ``warm_start.pt``)."""
+    """Policy weights to start from: a state-dict file (e.g. another run's ``warm_start.pt``) or a run's
+    checkpoint directory (``runs/<name>/checkpoints/iter-000006``: its actor)."""
 
 
 class RolloutConfig(Section):
@@ -134,6 +135,12 @@ class MetricsConfig(Section):
     wandb_mode: Literal["offline", "online"] = "offline"
     eval_every: int = Field(0, ge=0)
     """Evaluate on held-out tasks every N iterations (0: only before and after)."""
+    eval_samples: int = Field(0, ge=0)
+    """Also sample each held-out task N times at ``rollout.temperature`` and log the mean success
+    (``eval_success_sampled``) and pass@N (``eval_pass_at_n``) beside greedy success. Greedy success
+    on a few dozen tasks moves by a task whenever one near-tie flips; the sampled mean has far less
+    noise, and every evaluation of a run draws the same random numbers, so before/after differences
+    are not sampling luck. 0: greedy only."""
     progress: bool = True
 
 

@@ -47,21 +47,26 @@ def main() -> int:
     for seed in args.seeds:
         common = ["metrics.progress=false", *args.overrides]
         summary = run(seed, "gae", common)
-        rows.append((seed, "gae", summary["eval_before"], summary["eval_after"], summary["seconds"]))
+        rows.append((seed, "gae", summary))
         warm = f"{summary['run_dir']}/warm_start.pt"
         # GRPO has no critic to warm up: its actor trains from the first iteration
         summary = run(seed, "grpo", [*common, f"model.init={warm}", "sft.episodes=0", "algo.critic_warmup=0"])
-        rows.append((seed, "grpo", summary["eval_before"], summary["eval_after"], summary["seconds"]))
+        rows.append((seed, "grpo", summary))
+    sampled = any("eval_after_sampled" in summary for _, _, summary in rows)
+    extra = " | sampled before | sampled after | sampled gain" if sampled else ""
     print(
-        "\n| seed | method | held-out before | held-out after | gain | minutes (GRPO: without the warm start) |"
+        f"\n| seed | method | held-out before | held-out after | gain{extra} | minutes (GRPO: without the warm start) |"
     )
-    print("|---|---|---|---|---|---|")
-    for seed, estimator, before, after, seconds in rows:
+    print("|---" * (9 if sampled else 6) + "|")
+    for seed, estimator, summary in rows:
         name = "PPO + critic + IcePop" if estimator == "gae" else "GRPO + IcePop"
-        print(
-            f"| {seed} | {name} | {before:.3f} | {after:.3f} | {after - before:+.3f} | {seconds / 60:.1f} |"
-        )
-    ppo_gains = [after - before for _, e, before, after, _ in rows if e == "gae"]
+        before, after = summary["eval_before"], summary["eval_after"]
+        cells = [f"{before:.3f}", f"{after:.3f}", f"{after - before:+.3f}"]
+        if sampled:
+            b, a = (summary.get(f"eval_{w}_sampled", float("nan")) for w in ("before", "after"))
+            cells += [f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}"]
+        print(f"| {seed} | {name} | {' | '.join(cells)} | {summary['seconds'] / 60:.1f} |")
+    ppo_gains = [s["eval_after"] - s["eval_before"] for _, e, s in rows if e == "gae"]
     met = all(g >= 0.25 for g in ppo_gains)
     print(
         f"\nPPO gain >= 0.25 at every seed run here ({', '.join(map(str, args.seeds))}): "

@@ -65,7 +65,7 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         record |= rollout_metrics(trajectories, t1 - t0) | filter_metrics | adv_metrics | train_metrics
         record["train_tokens_per_s"] = int(batch.lengths.sum()) / max(time.monotonic() - t1, 1e-9)
         if cfg.metrics.eval_every and (it + 1) % cfg.metrics.eval_every == 0:
-            record["eval_success"] = await evaluate(run)
+            record |= await evaluate(run)
         run.save(it, record)
     return await finish(run)
 

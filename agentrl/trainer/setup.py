@@ -11,6 +11,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -120,11 +121,17 @@ def _load_policy(cfg: TrainConfig):
         policy, tokenizer = load_model(cfg.model.name)
     if cfg.model.init:
         try:
-            state = torch.load(cfg.model.init, map_location="cpu", weights_only=True)
+            if Path(cfg.model.init).is_dir():  # a run's checkpoint directory: the actor's weights in it
+                saved = torch.load(
+                    Path(cfg.model.init) / "backend.pt", map_location="cpu", weights_only=False
+                )
+                state = saved["policy"]
+            else:
+                state = torch.load(cfg.model.init, map_location="cpu", weights_only=True)
             policy.load_state_dict(state)
-        except (OSError, RuntimeError) as e:
+        except (OSError, RuntimeError, KeyError) as e:
             raise ConfigError(
-                f"model.init: cannot load {cfg.model.init} into the {cfg.model.name} model: {e}"
+                f"model.init: cannot load {cfg.model.init} into the {cfg.model.name} model: {e!r}"
             ) from None
     return policy, tokenizer
 
@@ -273,24 +280,61 @@ def _expert_texts(cfg: TrainConfig):
     return expert_texts
 
 
-async def evaluate(run: Run) -> float:
-    """Greedy success rate on the held-out split (reward 1 = solved)."""
-    cfg = run.cfg
+async def evaluate(run: Run) -> dict[str, float]:
+    return await held_out(run.cfg, run.engine, run.tokenizer, run.log)
+
+
+async def held_out(cfg: TrainConfig, engine, tokenizer, log=print) -> dict[str, float]:
+    """Held-out success: greedy (``eval_success``), and with ``metrics.eval_samples`` = N > 0 also the
+    mean success of N samples per task at the rollout temperature (``eval_success_sampled``) and the
+    share of tasks that any of them solves (``eval_pass_at_n``)."""
     if cfg.env.eval_tasks == 0:
-        return float("nan")
-    tasks = [run.probe_env.task(cfg.env.eval_split, i) for i in range(cfg.env.eval_tasks)]
-    pool = RolloutPool(
-        lambda: make(cfg.env.id, **cfg.env.args),
-        run.engine,
-        run.tokenizer,
-        loop_config(cfg, greedy=True),
-        concurrency=cfg.rollout.concurrency,
-        progress=False,
-    )
-    trajectories = await pool.run(tasks)
-    success = sum(t.reward >= 1.0 for t in trajectories) / len(trajectories)
-    run.log(f"held-out success on {len(tasks)} {cfg.env.eval_split} tasks: {success:.3f}")
-    return success
+        return {"eval_success": float("nan")}
+    probe = make(cfg.env.id, **cfg.env.args)
+    tasks = [probe.task(cfg.env.eval_split, i) for i in range(cfg.env.eval_tasks)]
+
+    def pool(greedy: bool, n_samples: int) -> RolloutPool:
+        config = loop_config(cfg, greedy=greedy)
+        if not greedy:  # the same random numbers at every evaluation of the run, none shared with training
+            config.seed = cfg.run.seed * 1_000_003 - 1
+        return RolloutPool(
+            lambda: make(cfg.env.id, **cfg.env.args),
+            engine,
+            tokenizer,
+            config,
+            concurrency=cfg.rollout.concurrency,
+            n_samples=n_samples,
+            progress=False,
+        )
+
+    solved = [t.reward >= 1.0 for t in await pool(True, 1).run(tasks)]
+    result = {"eval_success": sum(solved) / len(solved)}
+    text = f"held-out success on {len(tasks)} {cfg.env.eval_split} tasks: {result['eval_success']:.3f}"
+    n = cfg.metrics.eval_samples
+    if n:
+        sampled = [t.reward >= 1.0 for t in await pool(False, n).run(tasks)]  # in task order, n per task
+        per_task = [any(sampled[i * n : (i + 1) * n]) for i in range(len(tasks))]
+        result["eval_success_sampled"] = sum(sampled) / len(sampled)
+        result["eval_pass_at_n"] = sum(per_task) / len(per_task)
+        text += (
+            f" (greedy); {result['eval_success_sampled']:.3f} mean over {n} samples per task at "
+            f"temperature {cfg.rollout.temperature:g}, pass@{n} {result['eval_pass_at_n']:.3f}"
+        )
+    log(text)
+    return result
+
+
+async def evaluate_weights(cfg: TrainConfig, log=print) -> dict[str, float]:
+    """``agentrl eval``: held-out success of the policy in ``model.init`` (saved weights, or a checkpoint
+    directory of a run), with no training and nothing written."""
+    if not cfg.model.init:
+        log("model.init is not set: evaluating the untrained model")
+    policy, tokenizer = _load_policy(cfg)
+    engine = LocalEngine(policy.eval())
+    try:
+        return await held_out(cfg, engine, tokenizer, log)
+    finally:
+        await engine.close()
 
 
 def token_weights(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor | None, dict[str, float]]:
@@ -354,15 +398,24 @@ def rollout_metrics(trajectories: list[Trajectory], seconds: float) -> dict[str,
 
 async def finish(run: Run) -> dict[str, Any]:
     cfg = run.cfg
-    after = await evaluate(run)
-    before = run.state.get("eval_before", float("nan"))
+    evals_after = await evaluate(run)
+    evals_before = run.state.get("eval_before", {})
+    if not isinstance(evals_before, dict):  # a checkpoint written before evaluate() returned a dict
+        evals_before = {"eval_success": evals_before}
+    before = evals_before.get("eval_success", float("nan"))
+    after = evals_after["eval_success"]
     summary = {
         "run_dir": str(cfg.run_dir),
         "iterations": cfg.run.iterations,
         "eval_before": before,
         "eval_after": after,
-        "seconds": time.monotonic() - run.started_at,
     }
+    for key in ("eval_success_sampled", "eval_pass_at_n"):  # with metrics.eval_samples > 0
+        if key in evals_after:
+            name = key.removeprefix("eval_").removeprefix("success_")
+            summary[f"eval_before_{name}"] = evals_before.get(key, float("nan"))
+            summary[f"eval_after_{name}"] = evals_after[key]
+    summary["seconds"] = time.monotonic() - run.started_at
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     curve = plot_curve(run.metrics.read(), cfg.run_dir / "curve.png", before, after)
     run.store.close()

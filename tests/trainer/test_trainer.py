@@ -41,17 +41,35 @@ TOY = [
 ]
 
 
-def test_ppo_learns_the_one_right_answer_within_50_iterations(tmp_path):
+def test_ppo_learns_the_one_right_answer_within_50_iterations(tmp_path, capsys):
     from agentrl.trainer.ppo import main
 
-    cfg = load_config(
-        TrainConfig, None, [*TOY, f"run.output_dir={tmp_path}", "run.iterations=50", "run.seed=0"]
-    )
-    summary = main(cfg)
+    overrides = [f"run.output_dir={tmp_path}", "run.iterations=50", "run.seed=0", "metrics.eval_samples=4"]
+    summary = main(load_config(TrainConfig, None, [*TOY, *overrides]))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     first_solved = next((r["iteration"] for r in records if r["success_rate"] >= 0.9), None)
     assert summary["eval_before"] == 0.0 and summary["eval_after"] == 1.0
     assert first_solved is not None and first_solved < 50, [r["success_rate"] for r in records]
+    # metrics.eval_samples: the mean over 4 samples per held-out task, and pass@4, before and after
+    assert summary["eval_before_sampled"] < 0.5 < summary["eval_after_sampled"], summary
+    for when in ("before", "after"):
+        assert summary[f"eval_{when}_sampled"] <= summary[f"eval_{when}_pass_at_n"] <= 1.0, summary
+    # agentrl eval: the run's last checkpoint directory as model.init, against the untrained model
+    from agentrl.cli import main as cli
+
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(f"run: {{name: toy-eval, output_dir: {tmp_path}}}\n")
+    latest = Checkpoints(tmp_path / "run").latest()
+    scores = {}
+    for init in (None, latest):
+        weights = [f"model.init={init}"] if init else []
+        assert cli(["eval", str(recipe), *TOY, "metrics.eval_samples=4", *weights]) == 0
+        scores[init] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scores[None]["eval_success"] == 0.0 and scores[latest]["eval_success"] == 1.0, scores
+    assert scores[latest]["eval_success_sampled"] > scores[None]["eval_success_sampled"], scores
+    assert not (tmp_path / "toy-eval").exists()  # eval writes nothing
+    assert cli(["eval", str(recipe), *TOY, f"model.init={tmp_path / 'nowhere'}"]) == 2
+    assert "model.init: cannot load" in capsys.readouterr().err
 
 
 def synthetic_batch(seed=0):

@@ -80,7 +80,11 @@ class AsyncStartClose:
     """``async with x:`` calls ``await x.start()`` and, on the way out whatever happened, ``await x.close()``."""
 
     async def __aenter__(self):
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # a start that failed or was cancelled half-way leaves nothing behind
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

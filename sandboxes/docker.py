@@ -281,12 +281,23 @@ class DockerSandbox(AsyncStartClose):
         if self.container_id is not None:
             return
         _cleanup.on_exit(_remove_live_containers)
-        self._client = await self._call(client_for, self.config.docker_host)
-        await self._call(self._create_and_start)
-        for _ in range(3):  # idempotent; retried when a loaded daemon drops the exec's output
-            setup = await self.exec(WORKSPACE_SETUP, timeout=120)
-            if setup.exit_code != 0 or len(setup.output.split()) >= 2:
-                break
+        try:
+            self._client = await self._call(client_for, self.config.docker_host)
+            creating = asyncio.ensure_future(self._call(self._create_and_start))
+            try:
+                await asyncio.shield(creating)
+            except asyncio.CancelledError:
+                # The create runs in a thread that cancelling cannot stop: let it finish, so that the
+                # container it may still make is known (container_id) and removed below.
+                await asyncio.gather(creating, return_exceptions=True)
+                raise
+            for _ in range(3):  # idempotent; retried when a loaded daemon drops the exec's output
+                setup = await self.exec(WORKSPACE_SETUP, timeout=120)
+                if setup.exit_code != 0 or len(setup.output.split()) >= 2:
+                    break
+        except BaseException:  # failed or cancelled half-way: no container is left behind
+            await self.close()
+            raise
         if setup.exit_code != 0 or len(setup.output.split()) < 2:
             await self.close()
             raise SandboxError(

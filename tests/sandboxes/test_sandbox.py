@@ -258,6 +258,34 @@ def test_cancellation_cleans_up(backend):
     run(go())
 
 
+def test_cancelled_start_leaves_nothing_behind(backend):
+    """An episode cancelled while its sandbox is still starting (a deadline, a shutdown) leaves no
+    container or workspace behind, whichever step of the start the cancellation lands in."""
+
+    async def episode(sb):
+        async with sb:
+            await asyncio.sleep(60)
+
+    async def go():
+        for delay in (0.0, 0.05, 0.2, 0.6, 1.5):
+            sb = sandbox(backend)
+            task = asyncio.ensure_future(episode(sb))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(2.0)  # a create still running in a worker thread would finish by now
+            if backend == "docker" and sb.container_id is not None:
+                import docker
+
+                with pytest.raises(docker.errors.NotFound):
+                    docker.from_env().containers.get(sb.container_id)
+            if backend == "local" and sb.workdir:
+                assert not Path(sb.workdir).exists(), (delay, sb.workdir)
+
+    run(go())
+
+
 def test_bad_input_gets_clear_errors(backend):
     async def go():
         async with sandbox(backend) as sb:

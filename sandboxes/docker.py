@@ -295,16 +295,15 @@ class DockerSandbox(AsyncStartClose):
                 setup = await self.exec(WORKSPACE_SETUP, timeout=120)
                 if setup.exit_code != 0 or len(setup.output.split()) >= 2:
                     break
+            if setup.exit_code != 0 or len(setup.output.split()) < 2:
+                raise SandboxError(
+                    f"could not set up the workspace {self.workdir} in image {self.config.image} as user "
+                    f"{self.config.user} (exit {setup.exit_code}): {setup.output.strip()[-500:]}. The workspace "
+                    f"must exist and be writable by that user (in a Dockerfile: COPY --chown={self.config.user} ...)."
+                )
         except BaseException:  # failed or cancelled half-way: no container is left behind
             await self.close()
             raise
-        if setup.exit_code != 0 or len(setup.output.split()) < 2:
-            await self.close()
-            raise SandboxError(
-                f"could not set up the workspace {self.workdir} in image {self.config.image} as user "
-                f"{self.config.user} (exit {setup.exit_code}): {setup.output.strip()[-500:]}. The workspace must "
-                f"exist and be writable by that user (in a Dockerfile: COPY --chown={self.config.user} ...)."
-            )
         self.base_commit, self._git_fingerprint = setup.output.split()[:2]
 
     def _create_and_start(self) -> None:

@@ -23,6 +23,7 @@ from agentrl.trainer.setup import (
     finish,
     loss_config,
     rollout_metrics,
+    rollout_seed,
     setup,
     token_weights,
     warm_start,
@@ -40,7 +41,7 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         t0 = time.monotonic()
         # 1. collect: n samples of each task of this iteration's slice of the training set
         tasks, group_ids = run.next_tasks()
-        run.pool.config.seed = cfg.run.seed * 1_000_003 + it  # fresh samples every iteration, reproducibly
+        run.pool.config.seed = rollout_seed(cfg, it)  # fresh samples every iteration, reproducibly
         trajectories = await run.pool.run(tasks)
         kept = [i for i, t in enumerate(trajectories) if t.status not in DROPPED]
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])

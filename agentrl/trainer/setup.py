@@ -280,6 +280,12 @@ def _expert_texts(cfg: TrainConfig):
     return expert_texts
 
 
+def rollout_seed(cfg: TrainConfig, iteration: int) -> int:
+    """Sampling seed of an iteration's rollouts (fresh every iteration, reproducibly); held-out
+    evaluation samples with iteration -1's, which no training iteration uses."""
+    return cfg.run.seed * 1_000_003 + iteration
+
+
 async def evaluate(run: Run) -> dict[str, float]:
     return await held_out(run.cfg, run.engine, run.tokenizer, run.log)
 
@@ -296,7 +302,7 @@ async def held_out(cfg: TrainConfig, engine, tokenizer, log=print) -> dict[str, 
     def pool(greedy: bool, n_samples: int) -> RolloutPool:
         config = loop_config(cfg, greedy=greedy)
         if not greedy:  # the same random numbers at every evaluation of the run, none shared with training
-            config.seed = cfg.run.seed * 1_000_003 - 1
+            config.seed = rollout_seed(cfg, -1)
         return RolloutPool(
             lambda: make(cfg.env.id, **cfg.env.args),
             engine,
@@ -410,9 +416,8 @@ async def finish(run: Run) -> dict[str, Any]:
         "eval_before": before,
         "eval_after": after,
     }
-    for key in ("eval_success_sampled", "eval_pass_at_n"):  # with metrics.eval_samples > 0
-        if key in evals_after:
-            name = key.removeprefix("eval_").removeprefix("success_")
+    for key, name in (("eval_success_sampled", "sampled"), ("eval_pass_at_n", "pass_at_n")):
+        if key in evals_after:  # with metrics.eval_samples > 0
             summary[f"eval_before_{name}"] = evals_before.get(key, float("nan"))
             summary[f"eval_after_{name}"] = evals_after[key]
     summary["seconds"] = time.monotonic() - run.started_at

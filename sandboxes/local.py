@@ -223,16 +223,19 @@ class LocalSandbox(AsyncStartClose):
             path = Path(tempfile.mkdtemp(prefix="agentrl-ws-"))
             _live_workdirs.add(str(path))
             self._own_workdir = True
-        if cfg.cgroup:
-            self._cgroup = Cgroup.create(cfg.processes, cfg.memory_bytes)
         self.workdir = str(path)
-        self._started = True
-        setup = await self.exec(WORKSPACE_SETUP, timeout=60)
-        if setup.exit_code != 0:
+        try:
+            if cfg.cgroup:
+                self._cgroup = Cgroup.create(cfg.processes, cfg.memory_bytes)
+            self._started = True
+            setup = await self.exec(WORKSPACE_SETUP, timeout=60)
+            if setup.exit_code != 0:
+                raise SandboxError(
+                    f"could not set up the workspace {self.workdir} (git needed): {setup.output.strip()[-500:]}"
+                )
+        except BaseException:  # failed or cancelled half-way: no workspace or cgroup is left behind
             await self.close()
-            raise SandboxError(
-                f"could not set up the workspace {self.workdir} (git needed): {setup.output.strip()[-500:]}"
-            )
+            raise
         self.base_commit, self._git_fingerprint = setup.output.split()[:2]
 
     # -- commands --

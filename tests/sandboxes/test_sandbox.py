@@ -286,6 +286,33 @@ def test_cancelled_start_leaves_nothing_behind(backend):
     run(go())
 
 
+def test_cancelled_bare_start_leaves_nothing_behind(backend):
+    """The same for a caller that awaits start() itself, with no ``async with`` to clean up after it."""
+
+    async def go():
+        for delay in (0.0, 0.05, 0.2, 0.6):
+            sb = sandbox(backend)
+            task = asyncio.ensure_future(sb.start())
+            await asyncio.sleep(delay)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            else:  # it finished before the cancel landed: an ordinary close removes what it made
+                await sb.close()
+            await asyncio.sleep(2.0)
+            if backend == "docker" and sb.container_id is not None:
+                import docker
+
+                with pytest.raises(docker.errors.NotFound):
+                    docker.from_env().containers.get(sb.container_id)
+            if backend == "local" and sb.workdir:
+                assert not Path(sb.workdir).exists(), (delay, sb.workdir)
+
+    run(go())
+
+
 def test_bad_input_gets_clear_errors(backend):
     async def go():
         async with sandbox(backend) as sb:

@@ -7,7 +7,7 @@
   causal mask (no token attends across rows, no compute on padding: right with varlen attention
   kernels). ``packing="padded"`` (the default, for CPU and SDPA, whose cost with a dense mask grows
   with the square of the pack length) groups rows of similar length, each group padded only to
-  its own longest row, under the same budget counting padding.
+  its own longest row, under the same budget counting padding, and needs no mask (right padding).
 - Log-probs come from ``token_logprobs`` (chunked over the vocabulary: the ``[tokens, vocab]``
   logits are never held whole).
 - Gradient accumulation over micro-batches scales each one by its share of the minibatch's
@@ -80,11 +80,14 @@ def pack(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
 
 
 def _padded_inputs(batch: Batch, rows: list[int], device) -> dict[str, Tensor]:
+    """Rows padded on the right to the group's longest, with no padding mask: under causal attention
+    a real token attends only to the tokens before it, all real, so its hidden state is the one a
+    mask would give (pad positions' states are never read). Without a mask SDPA runs its causal
+    kernel instead of a dense ``[rows, heads, width, width]`` one (``benchmarks/train_step.py``)."""
     width = int(batch.lengths[rows].max())
-    attention = torch.arange(width)[None, :] < batch.lengths[rows][:, None]
     return {
         "input_ids": batch.input_ids[rows, :width].to(device),
-        "attention_mask": attention.long().to(device),
+        "position_ids": torch.arange(width)[None].expand(len(rows), width).to(device),
     }
 
 

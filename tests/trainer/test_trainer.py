@@ -135,6 +135,26 @@ def test_masked_and_icepop_dropped_tokens_get_zero_logit_gradient_through_the_ba
     assert (grad[kept] > 0).all()
 
 
+def test_padding_changes_no_real_token_log_prob_or_value():
+    """Rows of different lengths padded into one micro-batch (no padding mask: right padding under
+    causal attention) give each real token the log-prob and value it gets alone, and packed rows
+    (block-diagonal mask) give the same: no row sees another's tokens or its padding."""
+    model, _ = tiny_chat_model(seed=5)
+    batch = synthetic_batch(seed=2)
+    alone = TorchBackend(model, micro_token_budget=1)  # each row in its own micro-batch, unpadded
+    torch.nn.init.normal_(alone.critic.head.weight)  # not the zero head of a fresh critic
+    together = {
+        kind: TorchBackend(model, micro_token_budget=10_000, packing=kind) for kind in ("padded", "packed")
+    }
+    assert len(together["padded"]._group(batch.lengths.tolist(), [0, 1, 2], 10_000)) == 1
+    for backend in together.values():
+        backend.critic.load_state_dict(alone.critic.state_dict())
+        for fn in ("logprobs", "values"):
+            got, want = getattr(backend, fn)(batch), getattr(alone, fn)(batch)
+            for r, n in enumerate(batch.lengths.tolist()):
+                torch.testing.assert_close(got[r, :n], want[r, :n], atol=1e-5, rtol=1e-5)
+
+
 def test_reset_critic_starts_the_value_model_from_the_current_policy():
     model, _ = tiny_chat_model(seed=4)
     backend = TorchBackend(model, critic_lr=1e-3)

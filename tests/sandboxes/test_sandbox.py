@@ -258,6 +258,17 @@ def test_cancellation_cleans_up(backend):
     run(go())
 
 
+def assert_nothing_left(backend, sb, delay) -> None:
+    """No container (docker) or workspace (local) of ``sb`` is left."""
+    if backend == "docker" and sb.container_id is not None:
+        import docker
+
+        with pytest.raises(docker.errors.NotFound):
+            docker.from_env().containers.get(sb.container_id)
+    if backend == "local" and sb.workdir:
+        assert not Path(sb.workdir).exists(), (delay, sb.workdir)
+
+
 def test_cancelled_start_leaves_nothing_behind(backend):
     """An episode cancelled while its sandbox is still starting (a deadline, a shutdown) leaves no
     container or workspace behind, whichever step of the start the cancellation lands in."""
@@ -275,13 +286,7 @@ def test_cancelled_start_leaves_nothing_behind(backend):
             with pytest.raises(asyncio.CancelledError):
                 await task
             await asyncio.sleep(2.0)  # a create still running in a worker thread would finish by now
-            if backend == "docker" and sb.container_id is not None:
-                import docker
-
-                with pytest.raises(docker.errors.NotFound):
-                    docker.from_env().containers.get(sb.container_id)
-            if backend == "local" and sb.workdir:
-                assert not Path(sb.workdir).exists(), (delay, sb.workdir)
+            assert_nothing_left(backend, sb, delay)
 
     run(go())
 
@@ -302,13 +307,7 @@ def test_cancelled_bare_start_leaves_nothing_behind(backend):
             else:  # it finished before the cancel landed: an ordinary close removes what it made
                 await sb.close()
             await asyncio.sleep(2.0)
-            if backend == "docker" and sb.container_id is not None:
-                import docker
-
-                with pytest.raises(docker.errors.NotFound):
-                    docker.from_env().containers.get(sb.container_id)
-            if backend == "local" and sb.workdir:
-                assert not Path(sb.workdir).exists(), (delay, sb.workdir)
+            assert_nothing_left(backend, sb, delay)
 
     run(go())
 

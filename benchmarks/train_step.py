@@ -24,15 +24,15 @@ from agentrl.models import tiny_chat_model
 from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trajectory import Trajectory, TurnSpan
 
+UNMASKED = tb._padded_inputs
+
 
 def masked_padded_inputs(batch: Batch, rows: list[int], device) -> dict[str, torch.Tensor]:
-    """The baseline: the same right-padded rows, with a ``[rows, width]`` padding mask."""
-    width = int(batch.lengths[rows].max())
+    """The baseline: the backend's right-padded rows, plus a ``[rows, width]`` padding mask."""
+    kwargs = UNMASKED(batch, rows, device)
+    width = kwargs["input_ids"].shape[1]
     attention = torch.arange(width)[None, :] < batch.lengths[rows][:, None]
-    return {
-        "input_ids": batch.input_ids[rows, :width].to(device),
-        "attention_mask": attention.long().to(device),
-    }
+    return kwargs | {"attention_mask": attention.long().to(device)}
 
 
 def quickstart_batch(rows: int, seed: int = 0) -> Batch:
@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     batch = quickstart_batch(args.rows)
-    unmasked = tb._padded_inputs
+    unmasked = UNMASKED
 
     def backend() -> tb.TorchBackend:
         model, _ = tiny_chat_model(seed=0, hidden=args.hidden, layers=args.layers)

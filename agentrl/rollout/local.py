@@ -1,8 +1,11 @@
 """The embedded engine: a Hugging Face causal LM in this process (CPU or one GPU), batching concurrent requests.
 
 Requests that arrive together (within ``batch_wait_s`` of each other, up to ``max_batch_size``)
-are decoded together: left-padded, one forward per step with a KV cache. Requests that arrive
-while a batch runs wait for the next one. The model runs on a worker thread, so the event loop
+are decoded together: left-padded, one forward per step with a KV cache preallocated for the
+batch's longest answer (written in place, not concatenated at every step). A request that
+finishes leaves the batch (its rows of the cache dropped) once an eighth of the rows have
+finished, so the rest decode as a smaller batch. Requests that arrive while a batch runs wait
+for the next one. The model runs on a worker thread, so the event loop
 keeps stepping environments meanwhile. Log-probs follow SGLang's definition (see
 ``agentrl.rollout.engine``); sampling applies top-k and top-p after them.
 """
@@ -41,11 +44,105 @@ def _filter(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return scaled
 
 
+def _sample(
+    scaled: torch.Tensor, lps: torch.Tensor, params: list[SamplingParams], generators
+) -> torch.Tensor:
+    """One token per row: the argmax for temperature 0, else a draw from the top-k / top-p filtered
+    distribution with the row's own generator (the exponential race ``argmax(p / q)``, q ~ Exp(1),
+    that ``torch.multinomial`` runs for one sample), batched over the rows."""
+    tokens = lps.argmax(-1)
+    rows = [i for i, p in enumerate(params) if p.temperature != 0]
+    if rows:
+        logits = scaled[rows]
+        for k, i in enumerate(rows):
+            if params[i].top_k or params[i].top_p < 1.0:
+                logits[k] = _filter(logits[k], params[i].top_k, params[i].top_p)
+        probs = torch.softmax(logits, -1)
+        race = torch.empty_like(probs)
+        for k, i in enumerate(rows):
+            race[k].exponential_(generator=generators[i])
+        tokens[rows] = (probs / race).argmax(-1)
+    return tokens
+
+
+class _PreallocatedLayer:
+    """A layer's KV cache in one buffer with room for ``reserve`` more tokens after the prompt: each
+    decode step writes its token in place and attends over a view, where the default cache copies
+    the whole cache (``torch.cat``) at every step."""
+
+    def __init__(self, reserve: int):
+        self.reserve, self.length = reserve, 0
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + keys.shape[-2]
+        if self.buffers is None or end > self.buffers[0].shape[-2]:
+            grown = []
+            for new, old in zip((keys, values), self.buffers or (None, None), strict=True):
+                shape = (*new.shape[:2], end + self.reserve, new.shape[-1])
+                buffer = new.new_empty(shape)
+                if old is not None:
+                    buffer[:, :, : self.length] = old[:, :, : self.length]
+                grown.append(buffer)
+            self.buffers = (grown[0], grown[1])
+        for buffer, new in zip(self.buffers, (keys, values), strict=True):
+            buffer[:, :, self.length : end] = new
+        self.length = end
+        return self.buffers[0][:, :, :end], self.buffers[1][:, :, :end]
+
+    def select(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.buffers = (self.buffers[0][index], self.buffers[1][index])
+        return self.buffers[0][:, :, : self.length], self.buffers[1][:, :, : self.length]
+
+
+def _preallocated_cache(config, reserve: int):
+    """A ``transformers`` cache whose full-attention layers write into preallocated buffers, or None
+    (the model's default cache) where this ``transformers`` has no per-layer cache objects."""
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return None
+
+    class Layer(DynamicLayer):
+        def __init__(self):
+            super().__init__()
+            self.store = _PreallocatedLayer(reserve)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = self.store(key_states, value_states)
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices):
+            if self.store.buffers is not None:
+                self.keys, self.values = self.store.select(indices)
+
+    try:
+        cache = DynamicCache(config=config)
+    except TypeError:
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return None
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer:  # sliding-window and other layer kinds keep their own
+            layers[i] = Layer()
+    return cache
+
+
 class LocalEngine:
     """An ``Engine`` over an in-process ``transformers`` model."""
 
     def __init__(
-        self, model, *, max_batch_size: int = 64, batch_wait_s: float = 0.002, pad_token_id: int | None = None
+        self,
+        model,
+        *,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.002,
+        pad_token_id: int | None = None,
+        preallocate_cache: bool = True,
+        drop_finished: bool = True,
     ):
         self.model = model.eval()
         # transformers 5 renamed the KV-cache argument (and output field) from past_key_values to cache.
@@ -59,8 +156,9 @@ class LocalEngine:
         )
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.preallocate_cache, self.drop_finished = preallocate_cache, drop_finished
         self.weight_version = "0"
-        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "max_batch": 0}
+        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "max_batch": 0, "row_steps": 0}
         self._pending: list[_Request] = []
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -120,56 +218,57 @@ class LocalEngine:
             attention[b, width - len(r.input_ids) :] = 1
         ids, attention = ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        generators = []
-        for r in batch:
-            g = None
-            if r.params.seed is not None:
-                g = torch.Generator(device=self.device).manual_seed(r.params.seed)
-            generators.append(g)
+        steps = max(r.params.max_new_tokens for r in batch)
+        temperature = torch.tensor([r.params.temperature or 1.0 for r in batch], device=self.device)
+        generators = [
+            None if r.params.seed is None else torch.Generator(device=self.device).manual_seed(r.params.seed)
+            for r in batch
+        ]
         outputs: list[list[int]] = [[] for _ in batch]
         logprobs: list[list[float]] = [[] for _ in batch]
         reasons: list[str | None] = [None] * n
-        cache = None
-        step_ids, step_positions = ids, positions
-        for _ in range(max(r.params.max_new_tokens for r in batch)):
+        live = list(range(n))  # the batch's requests that the model's rows stand for, in order
+        cache = _preallocated_cache(self.model.config, steps) if self.preallocate_cache else None
+        step_ids = ids
+        for _ in range(steps):
             out = self.model(
                 input_ids=step_ids,
                 attention_mask=attention,
-                position_ids=step_positions,
+                position_ids=positions,
                 use_cache=True,
                 logits_to_keep=1,
                 **{self._cache_arg: cache},
             )
             cache = getattr(out, self._cache_arg)
-            logits = out.logits[:, -1, :].float()
-            next_ids = []
-            for b, r in enumerate(batch):
-                if reasons[b] is not None:
-                    next_ids.append(self.pad_token_id)
+            self.stats["row_steps"] += len(live)  # rows the model ran this step
+            scaled = out.logits[:, -1, :].float() / temperature[live][:, None]
+            lps = torch.log_softmax(scaled, -1)
+            tokens = _sample(scaled, lps, [batch[b].params for b in live], [generators[b] for b in live])
+            chosen = lps.gather(1, tokens[:, None]).squeeze(1).tolist()
+            next_ids = tokens.tolist()
+            for row, b in enumerate(live):
+                if reasons[b] is not None:  # finished, its row not yet dropped: its token is ignored
                     continue
-                p = r.params
-                if p.temperature == 0:
-                    lp = torch.log_softmax(logits[b], -1)
-                    token = int(lp.argmax())
-                else:
-                    scaled = logits[b] / p.temperature
-                    lp = torch.log_softmax(scaled, -1)
-                    probs = torch.softmax(_filter(scaled, p.top_k, p.top_p), -1)
-                    token = int(torch.multinomial(probs, 1, generator=generators[b]))
+                p, token = batch[b].params, next_ids[row]
                 outputs[b].append(token)
-                logprobs[b].append(float(lp[token]))
+                logprobs[b].append(chosen[row])
                 if token in p.stop_token_ids:
                     reasons[b] = "stop"
                 elif len(outputs[b]) >= p.max_new_tokens:
                     reasons[b] = "length"
-                next_ids.append(token)
-            if all(reason is not None for reason in reasons):
+            keep = [row for row, b in enumerate(live) if reasons[b] is None]
+            if not keep:
                 break
-            step_ids = torch.tensor(next_ids, device=self.device)[:, None]
-            step_positions = step_positions[:, -1:] + 1
-            attention = torch.cat(
-                [attention, torch.ones((n, 1), dtype=attention.dtype, device=self.device)], dim=1
-            )
+            step_ids = tokens[:, None]
+            positions = positions[:, -1:] + 1
+            attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
+            # Finished rows leave the batch once they are an eighth of it: a copy of the cache then
+            # buys every later step a smaller batch.
+            if self.drop_finished and len(live) - len(keep) >= max(1, len(live) // 8):
+                index = torch.tensor(keep, device=self.device)
+                live = [live[row] for row in keep]
+                step_ids, positions, attention = step_ids[index], positions[index], attention[index]
+                cache.batch_select_indices(index)
         self.stats["tokens"] += sum(len(o) for o in outputs)
         return [
             Generation(o, lp, reason or "length", self.weight_version)

@@ -52,6 +52,44 @@ def test_logprobs_equal_a_separate_forward_pass(tiny, params):
     asyncio.run(go())
 
 
+def test_rows_that_finish_early_leave_the_batch_and_change_no_other_row(tiny):
+    """Requests of one batch that stop at different steps (length or stop token) get what each gets
+    alone, and the model stops computing their rows: fewer row-steps than rows x steps."""
+    model, tok = tiny
+    prompts = [tok.encode("def f(x):\n    return x" * (i + 1), add_special_tokens=False) for i in range(8)]
+    params = [
+        SamplingParams(
+            max_new_tokens=2 + 4 * i, temperature=0.0 if i % 3 == 0 else 0.8, seed=i, top_k=50 * (i % 2)
+        )
+        for i in range(8)
+    ]
+
+    async def generate(requests):
+        engine = LocalEngine(model)
+        gens = await asyncio.gather(*(engine.generate(p, sp) for p, sp in requests))
+        await engine.close()
+        return gens, engine.stats
+
+    async def go():
+        alone_stop = (await generate([(prompts[5], params[5])]))[0][0].output_ids[3]
+        params[5].stop_token_ids = [alone_stop]  # request 5 stops on its own 4th token (or earlier)
+        together, stats = await generate(list(zip(prompts, params, strict=True)))
+        assert stats["batches"] == 1 and stats["max_batch"] == 8
+        assert stats["row_steps"] < 8 * max(sp.max_new_tokens for sp in params)
+        assert together[5].finish_reason == "stop" and len(together[5].output_ids) <= 4
+        for p, sp, g in zip(prompts, params, together, strict=True):
+            alone = (await generate([(p, sp)]))[0][0]
+            assert g.output_ids == alone.output_ids
+            assert g.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+            assert g.logprobs == pytest.approx(
+                reference_logprobs(model, p, g.output_ids, sp.temperature), abs=1e-4
+            )
+            if g.finish_reason == "length":
+                assert len(g.output_ids) == sp.max_new_tokens
+
+    asyncio.run(go())
+
+
 def test_seeded_sampling_is_reproducible_and_stop_tokens_stop(tiny):
     model, tok = tiny
     engine = LocalEngine(model)
@@ -110,3 +148,21 @@ def test_smollm2_real_model_logprobs():
         await engine.close()
 
     asyncio.run(go())
+
+
+def test_preallocated_cache_layer_matches_concatenation_and_grows():
+    from agentrl.rollout.local import _PreallocatedLayer
+
+    g = torch.Generator().manual_seed(0)
+    layer, keys, values = _PreallocatedLayer(reserve=2), [], []
+    for n in (3, 1, 1, 1, 2):  # the third single token overflows the reserve; the buffer grows
+        k, v = torch.randn(2, 4, n, 8, generator=g), torch.randn(2, 4, n, 8, generator=g)
+        keys.append(k)
+        values.append(v)
+        got_k, got_v = layer(k, v)
+        assert torch.equal(got_k, torch.cat(keys, dim=2)) and torch.equal(got_v, torch.cat(values, dim=2))
+    index = torch.tensor([1])
+    got_k, got_v = layer.select(index)
+    assert torch.equal(got_k, torch.cat(keys, dim=2)[index]) and torch.equal(
+        got_v, torch.cat(values, dim=2)[index]
+    )

@@ -42,7 +42,7 @@ quickstart: setup
 
 # The speed and memory benchmarks; benchmarks/learning.py (about an hour on 2 cores) and
 # benchmarks/critic_fit.py RUN_DIR (a diagnostic of a finished run) are run by hand.
-BENCHES := benchmarks/algo.py benchmarks/train_step.py benchmarks/decode.py benchmarks/agent_loop.py benchmarks/sandbox.py
+BENCHES := benchmarks/algo.py benchmarks/train_step.py benchmarks/decode.py benchmarks/agent_loop.py benchmarks/sandbox.py benchmarks/grade.py
 
 bench: setup
 	@for script in $(BENCHES); do echo "== $$script"; $(BIN)/python $$script || exit 1; done

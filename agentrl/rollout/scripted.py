@@ -9,6 +9,11 @@ from __future__ import annotations
 from agentrl.rollout.engine import EngineError, Generation, SamplingParams
 
 
+class Untrained(str):
+    """A scripted turn that is played but not imitated: a warm start gives its tokens loss mask 0
+    (e.g. an expert's deliberate wrong edit, there so that the next turn shows how to recover)."""
+
+
 class ScriptedEngine:
     """``add(prompt_ids, turns)`` registers the texts to answer an episode whose prompt is ``prompt_ids``.
 

@@ -10,20 +10,27 @@ Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one,
 ``templates`` (the function templates drawn from, by name: ``generator.TEMPLATE_NAMES``),
 ``single_bug`` (each template injects only its first bug kind, so the function's name tells the fix),
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
-(``end`` the episode, or ``remind`` the agent to use a tool).
+(``end`` the episode, or ``remind`` the agent to use a tool), ``grader`` (``pytest`` runs the suite
+with pytest; ``python`` calls every ``test_*`` function of ``tests/`` in one plain Python process,
+the same verdict for these generated suites at about a fifth of the start-up cost).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import random
 import re
+import secrets
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from agentrl.env import Observation, StepResult, Task
-from agentrl.envs.bugfix.generator import SPLITS, BugfixTask, check_layout, describe, generate
+from agentrl.envs.bugfix.generator import SPLITS, TEMPLATES, BugfixTask, check_layout, describe, generate
+from agentrl.rollout.scripted import Untrained
 from agentrl.sandbox import diff_script, make_sandbox
 from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
 
@@ -33,6 +40,37 @@ SYSTEM_PROMPT = (
 )
 REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
 _PASSED = re.compile(r"(\d+) passed")
+# grader="python": import each tests/**/test_*.py as a module and call its test_* functions, counting
+# any exception (SystemExit too) as a failure; the last line carries a nonce drawn per grade, so no
+# line the agent's code prints can stand in for it.
+_RUNNER = r"""
+import importlib, inspect, os, sys
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.getcwd())
+passed = failed = 0
+for root, dirs, files in os.walk("tests"):
+    dirs.sort()
+    for f in sorted(files):
+        if not (f.startswith("test_") and f.endswith(".py")):
+            continue
+        name = os.path.join(root, f[:-3]).replace(os.sep, ".")
+        try:
+            module = importlib.import_module(name)
+        except BaseException as e:
+            print(f"ERROR collecting {name}: {e!r}")
+            failed += 1
+            continue
+        for key, fn in list(vars(module).items()):
+            if key.startswith("test_") and inspect.isfunction(fn):
+                try:
+                    fn()
+                except BaseException as e:
+                    print(f"FAILED {name}::{key}: {e!r}")
+                    failed += 1
+                else:
+                    passed += 1
+print(f"{sys.argv[1]} {passed} passed {failed} failed")
+"""
 
 
 @functools.cache
@@ -70,7 +108,10 @@ class BugfixEnv:
         modules: list[str] | None = None,
         templates: list[str] | None = None,
         single_bug: bool = False,
+        grader: str = "pytest",
     ):
+        if grader not in ("pytest", "python"):
+            raise ValueError(f"grader must be 'pytest' or 'python'; got {grader!r}")
         if on_no_tool_call not in ("end", "remind"):
             raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
         if sandbox not in ("auto", "docker", "local"):
@@ -91,6 +132,7 @@ class BugfixEnv:
             "single_bug": single_bug,
         }
         self.name_failing_test = name_failing_test
+        self.grader = grader
         self.max_turns = max_turns
         self.on_no_tool_call = on_no_tool_call
         self.command_timeout = command_timeout
@@ -223,24 +265,28 @@ class BugfixEnv:
         if self.sandbox is None or self.spec is None:
             raise RuntimeError("grade() needs a reset() first")
         package = self.spec.package
+        nonce = secrets.token_hex(8)
+        if self.grader == "python":
+            run = f"python3 -I -c {shlex.quote(_RUNNER)} {nonce} > /tmp/grade.log 2>&1"
+        else:
+            # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
+            # has installed, and a start-up without entry-point plugins costs about half as much
+            run = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p no:cacheprovider tests > /tmp/grade.log 2>&1"
         script = (
             f"( {diff_script(self._base, [package + '/'])} ) > /tmp/agent.patch && "
             f"git reset -q --hard {self._base} && git clean -qffdx && "
             "{ test ! -s /tmp/agent.patch || git apply /tmp/agent.patch; } && "
-            # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
-            # has installed, and a start-up without entry-point plugins costs about half as much
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p no:cacheprovider tests > /tmp/grade.log 2>&1; "
-            "rc=$?; tail -n 5 /tmp/grade.log; exit $rc"
+            f"{run}; rc=$?; tail -n 5 /tmp/grade.log; exit $rc"
         )
         r = await self.sandbox.exec(script, timeout=120)
+        if r.exit_code != 0:
+            return 0.0
+        if self.grader == "python":
+            match = re.findall(rf"^{nonce} (\d+) passed (\d+) failed$", r.output, re.MULTILINE)
+            return 1.0 if match and int(match[-1][1]) == 0 and int(match[-1][0]) == self.spec.n_tests else 0.0
         match = _PASSED.findall(r.output)
         passed = int(match[-1]) if match else 0
-        ok = (
-            r.exit_code == 0
-            and "failed" not in r.output
-            and "error" not in r.output.lower()
-            and passed == self.spec.n_tests
-        )
+        ok = "failed" not in r.output and "error" not in r.output.lower() and passed == self.spec.n_tests
         return 1.0 if ok else 0.0
 
     async def _close_sandbox(self) -> None:
@@ -264,32 +310,70 @@ def _compact(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def expert_turns(spec: BugfixTask, run_tests: bool = True) -> list[list[ToolCall]]:
+@functools.cache
+def _snippet_pairs() -> tuple[tuple[str, str], ...]:
+    """(buggy, correct) snippets of every template's bugs, drawn once with fixed constants."""
+    rng = random.Random("bugfix/decoys")
+    return tuple((buggy, correct) for t in TEMPLATES for correct, buggy in t(rng).bugs.values())
+
+
+def decoy_edit(spec: BugfixTask) -> tuple[str, str]:
+    """A wrong fix for ``spec``: an ``(old, new)`` edit whose ``old`` is not in the buggy file.
+
+    Preferably the fix of the function's other bug kind (its correct snippet is in the file, its buggy
+    one is not), else another template's fix: the two mistakes a policy that has not read the body
+    makes. Chosen by the task's id, so the same task always gets the same decoy."""
+    source = spec.files[spec.fix["path"]]
+    absent = [(b, c) for b, c in _snippet_pairs() if b not in source and b != spec.fix["old"]]
+    same = [(b, c) for b, c in absent if c in source]
+    pool = same or absent
+    return pool[int(hashlib.sha256(spec.id.encode()).hexdigest()[:8], 16) % len(pool)]
+
+
+def _recovers(spec: BugfixTask, recover: float) -> bool:
+    return int(hashlib.sha256(f"recover/{spec.id}".encode()).hexdigest()[:8], 16) < recover * 0x100000000
+
+
+def expert_turns(spec: BugfixTask, run_tests: bool = True, recover: float = 0.0) -> list[list[ToolCall]]:
     """The scripted expert: run the tests, view the buggy file, fix it, run the tests, submit.
 
     ``run_tests=False``: view, fix, submit (the prompt names the failing tests; each test run costs
     a pytest start-up in the sandbox, the bulk of an episode's time on a small machine).
+    ``recover``: the share of tasks (chosen by id) on which the expert first tries a wrong fix
+    (``decoy_edit``), reads the editor's error, then makes the right one.
     """
+    if not 0.0 <= recover <= 1.0:
+        raise ValueError(
+            f"recover is the share of tasks with a failed first edit, in [0, 1]; got {recover!r}"
+        )
     fix = spec.fix
+
+    def edit(old: str, new: str) -> list[ToolCall]:
+        arguments = {"command": "str_replace", "path": fix["path"], "old_str": old, "new_str": new}
+        return [ToolCall("str_replace_editor", arguments, id="call_0")]
+
     tests = [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")]
-    turns = [
-        tests,
-        [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")],
-        [
-            ToolCall(
-                "str_replace_editor",
-                {"command": "str_replace", "path": fix["path"], "old_str": fix["old"], "new_str": fix["new"]},
-                id="call_0",
-            )
-        ],
-        tests,
-        [ToolCall("submit", {}, id="call_0")],
-    ]
+    view = [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")]
+    wrong = [edit(*decoy_edit(spec))] if _recovers(spec, recover) else []
+    turns = [tests, view, *wrong, edit(fix["old"], fix["new"]), tests, [ToolCall("submit", {}, id="call_0")]]
     return turns if run_tests else [t for t in turns if t is not tests]
 
 
-def expert_texts(spec: BugfixTask, tool_format: str = "hermes", run_tests: bool = True) -> list[str]:
-    """The scripted expert's turns as a model would write them in ``tool_format``."""
+def expert_texts(
+    spec: BugfixTask, tool_format: str = "hermes", run_tests: bool = True, recover: float = 0.0
+) -> list[str]:
+    """The scripted expert's turns as a model would write them in ``tool_format``.
+
+    A wrong first edit (``recover``) comes as ``Untrained``, for a warm start to play but not imitate;
+    on a third of those tasks (by id) it is also cut off halfway, so the error the expert recovers
+    from is the parser's (a call never closed) rather than the editor's."""
     from agentrl.tools import RENDERERS
 
-    return [RENDERERS[tool_format](calls) for calls in expert_turns(spec, run_tests)]
+    broken = int(hashlib.sha256(f"broken/{spec.id}".encode()).hexdigest()[:8], 16) % 3 == 0
+    texts = []
+    for calls in expert_turns(spec, run_tests, recover):
+        text = RENDERERS[tool_format](calls)
+        if calls[0].arguments.get("old_str", spec.fix["old"]) != spec.fix["old"]:  # the wrong edit
+            text = Untrained(text[: len(text) // 2] if broken else text)
+        texts.append(text)
+    return texts

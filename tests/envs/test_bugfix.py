@@ -203,6 +203,82 @@ def test_editing_the_tests_earns_nothing(backend):
     run(go())
 
 
+def test_recovering_expert_reads_the_error_of_a_wrong_edit_then_fixes():
+    from agentrl.envs.bugfix import decoy_edit, expert_texts
+    from agentrl.rollout.scripted import Untrained
+
+    async def go():
+        env = make("bugfix-v0", sandbox="local", max_turns=4, n_modules=1, n_distractors=0)
+        try:
+            for task in env.tasks("train", 4):
+                await env.reset(task)
+                old, _ = decoy_edit(env.spec)
+                assert old not in env.spec.files[env.spec.fix["path"]]
+                observations = []
+                for calls in expert_turns(env.spec, run_tests=False, recover=1.0):
+                    result = await env.step(calls)
+                    observations.append(result.observation)
+                assert observations[1][0]["content"].startswith("error: old_str does not occur")
+                assert result.reward == 1.0 and result.info["status"] == "completed" and env._turns == 4
+        finally:
+            await env.close()
+
+    run(go())
+    specs = [generate("train", i) for i in range(200)]
+    marked = [
+        [isinstance(t, Untrained) for t in expert_texts(s, run_tests=False, recover=0.25)] for s in specs
+    ]
+    assert all(m in ([False] * 3, [False, True, False, False]) for m in marked)  # the wrong edit only
+    assert 0.15 < sum(any(m) for m in marked) / len(specs) < 0.35
+    assert not any(isinstance(t, Untrained) for s in specs for t in expert_texts(s, run_tests=False))
+    # a third of the wrong edits are cut off, so the error to recover from is the parser's
+    wrong = [expert_texts(s, run_tests=False, recover=1.0)[1] for s in specs]
+    cut = [t for t in wrong if not t.rstrip().endswith("</tool_call>")]
+    assert 0.2 < len(cut) / len(wrong) < 0.45
+    assert all(parse_hermes(t, CODING_TOOLS).calls[0].error for t in cut)
+    with pytest.raises(ValueError, match="recover is the share of tasks"):
+        expert_turns(specs[0], recover=1.5)
+
+
+def test_python_grader_agrees_with_pytest(backend):
+    """The plain-Python grader gives pytest's verdict on the fix, no edit, the other bug's fix, a broken
+    module, a module that exits at import, and code that prints a fake summary; a bad name is refused."""
+    fake = "print('3 passed')\nprint('99 passed 0 failed')\n"
+    edits = {
+        "expert fix": lambda spec, src: src.replace(spec.fix["old"], spec.fix["new"]),
+        "no edit": lambda spec, src: src,
+        "other edit": lambda spec, src: src.replace("return", "return -1 *", 1),
+        "syntax error": lambda spec, src: src + "\ndef broken(:\n",
+        "exit at import": lambda spec, src: "import sys\nsys.exit(0)\n" + src,
+        "fake summary": lambda spec, src: fake + src,
+        "fix and fake summary": lambda spec, src: fake + src.replace(spec.fix["old"], spec.fix["new"]),
+    }
+
+    async def go():
+        envs = {g: make("bugfix-v0", sandbox=backend, grader=g) for g in ("pytest", "python")}
+        verdicts = {g: {} for g in envs}
+        try:
+            for task in envs["pytest"].tasks("train", 2):
+                for grader, env in envs.items():
+                    for label, edit in edits.items():
+                        await env.reset(task)
+                        path = env.spec.fix["path"]
+                        source = env.spec.files[path]
+                        await env.sandbox.write_file(path, edit(env.spec, source))
+                        verdicts[grader][task.id, label] = await env.grade()
+        finally:
+            for env in envs.values():
+                await env.close()
+        return verdicts
+
+    verdicts = run(go())
+    assert verdicts["python"] == verdicts["pytest"]
+    solved = {label for (_, label), v in verdicts["python"].items() if v == 1.0}
+    assert solved == {"expert fix", "fix and fake summary"}
+    with pytest.raises(ValueError, match="grader must be 'pytest' or 'python'"):
+        make("bugfix-v0", grader="unittest")
+
+
 def test_malformed_calls_no_calls_and_turn_budget():
     async def go():
         env = make("bugfix-v0", sandbox="local", max_turns=3, name_failing_test=False)

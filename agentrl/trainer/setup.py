@@ -213,29 +213,37 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
     return run
 
 
-async def expert_episode(cfg: TrainConfig, tokenizer, index: int) -> Trajectory:
-    """The scripted expert's episode on training task ``index``, played through the real loop (the
-    same rendering, parsing, tools and grading as the policy's); an ``Untrained`` turn (a deliberate
-    wrong edit) gets loss mask 0, so a warm start learns the recovery but not the mistake."""
+async def expert_episodes(cfg: TrainConfig, tokenizer, indices: list[int]) -> list[Trajectory]:
+    """The scripted expert's episodes on training tasks ``indices``, played through the real loop
+    (the same rendering, parsing, tools and grading as the policy's), ``rollout.concurrency`` at a
+    time; an ``Untrained`` turn (a deliberate wrong edit) gets loss mask 0, so a warm start learns
+    the recovery but not the mistake."""
     from agentrl.rollout.scripted import ScriptedEngine, Untrained
 
+    expert_texts = _expert_texts(cfg)
     renderer = _Renderer(tokenizer, None)
     loop = loop_config(cfg)
     loop.max_turns, loop.max_new_tokens = max(loop.max_turns, 8), max(loop.max_new_tokens, 1024)
     loop.max_context = max(loop.max_context, 16384)
-    env = make(cfg.env.id, **cfg.env.args)
-    task = env.task(cfg.env.train_split, index)
-    obs = env.observation(task)  # the prompt the loop will send, rendered without a sandbox
-    engine = ScriptedEngine(tokenizer)  # one per episode: two tasks may render the same prompt
-    texts = _expert_texts(cfg)(env.task_spec(task), cfg.rollout.tool_format, **cfg.sft.expert)
-    engine.add(renderer.prompt(obs.messages, obs.tools), texts)
-    trajectory = await run_episode(env, engine, tokenizer, task, loop, renderer=renderer)
-    played = [s for s in trajectory.turns if s.role == "assistant"]
-    for text, span in zip(texts, played, strict=False):
-        if isinstance(text, Untrained):
-            trajectory.loss_mask[span.start : span.end] = [0] * (span.end - span.start)
-            trajectory.rollout_logprobs[span.start : span.end] = [0.0] * (span.end - span.start)
-    return trajectory
+    slots = asyncio.Semaphore(cfg.rollout.concurrency)
+
+    async def one(index: int) -> Trajectory:
+        env = make(cfg.env.id, **cfg.env.args)
+        task = env.task(cfg.env.train_split, index)
+        obs = env.observation(task)  # the prompt the loop will send, rendered without a sandbox
+        engine = ScriptedEngine(tokenizer)  # one per episode: two tasks may render the same prompt
+        texts = expert_texts(env.task_spec(task), cfg.rollout.tool_format, **cfg.sft.expert)
+        engine.add(renderer.prompt(obs.messages, obs.tools), texts)
+        async with slots:
+            trajectory = await run_episode(env, engine, tokenizer, task, loop, renderer=renderer)
+        played = [s for s in trajectory.turns if s.role == "assistant"]
+        for text, span in zip(texts, played, strict=False):
+            if isinstance(text, Untrained):
+                trajectory.loss_mask[span.start : span.end] = [0] * (span.end - span.start)
+                trajectory.rollout_logprobs[span.start : span.end] = [0.0] * (span.end - span.start)
+        return trajectory
+
+    return list(await asyncio.gather(*(one(i) for i in indices)))
 
 
 async def warm_start(run: Run) -> None:
@@ -245,14 +253,7 @@ async def warm_start(run: Run) -> None:
         return
     # Expert episodes use training tasks from the far end of the training set's index range.
     indices = [cfg.env.train_tasks + i for i in range(cfg.sft.episodes)]
-
-    slots = asyncio.Semaphore(cfg.rollout.concurrency)
-
-    async def bounded(i):
-        async with slots:
-            return await expert_episode(cfg, run.tokenizer, i)
-
-    trajectories = await asyncio.gather(*(bounded(i) for i in indices))
+    trajectories = await expert_episodes(cfg, run.tokenizer, indices)
     # solved and submitted: an expert cut off by the turn limit would teach not to submit
     solved = [t for t in trajectories if t.reward == 1.0 and t.status == "completed"]
     if not solved:

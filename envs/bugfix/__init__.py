@@ -265,8 +265,8 @@ class BugfixEnv:
         if self.sandbox is None or self.spec is None:
             raise RuntimeError("grade() needs a reset() first")
         package = self.spec.package
-        nonce = secrets.token_hex(8)
         if self.grader == "python":
+            nonce = secrets.token_hex(8)
             run = f"python3 -I -c {shlex.quote(_RUNNER)} {nonce} > /tmp/grade.log 2>&1"
         else:
             # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
@@ -317,6 +317,11 @@ def _snippet_pairs() -> tuple[tuple[str, str], ...]:
     return tuple((buggy, correct) for t in TEMPLATES for correct, buggy in t(rng).bugs.values())
 
 
+def _hash32(key: str) -> int:
+    """A 32-bit number drawn from ``key`` (a task's id): the same task always makes the same choices."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+
+
 def decoy_edit(spec: BugfixTask) -> tuple[str, str]:
     """A wrong fix for ``spec``: an ``(old, new)`` edit whose ``old`` is not in the buggy file.
 
@@ -327,11 +332,11 @@ def decoy_edit(spec: BugfixTask) -> tuple[str, str]:
     absent = [(b, c) for b, c in _snippet_pairs() if b not in source and b != spec.fix["old"]]
     same = [(b, c) for b, c in absent if c in source]
     pool = same or absent
-    return pool[int(hashlib.sha256(spec.id.encode()).hexdigest()[:8], 16) % len(pool)]
+    return pool[_hash32(spec.id) % len(pool)]
 
 
 def _recovers(spec: BugfixTask, recover: float) -> bool:
-    return int(hashlib.sha256(f"recover/{spec.id}".encode()).hexdigest()[:8], 16) < recover * 0x100000000
+    return _hash32(f"recover/{spec.id}") < recover * 0x100000000
 
 
 def expert_turns(spec: BugfixTask, run_tests: bool = True, recover: float = 0.0) -> list[list[ToolCall]]:
@@ -369,7 +374,7 @@ def expert_texts(
     from is the parser's (a call never closed) rather than the editor's."""
     from agentrl.tools import RENDERERS
 
-    broken = int(hashlib.sha256(f"broken/{spec.id}".encode()).hexdigest()[:8], 16) % 3 == 0
+    broken = _hash32(f"broken/{spec.id}") % 3 == 0
     texts = []
     for calls in expert_turns(spec, run_tests, recover):
         text = RENDERERS[tool_format](calls)

@@ -299,19 +299,17 @@ def test_quickstart_two_iteration_smoke(tmp_path):
 
 def test_expert_episode_does_not_train_on_its_wrong_edit():
     from agentrl.models import tiny_tokenizer
-    from agentrl.trainer.setup import expert_episode
+    from agentrl.trainer.setup import expert_episodes
 
     cfg = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.recover=1.0"])
     tokenizer = tiny_tokenizer()
-    trajectory = asyncio.run(expert_episode(cfg, tokenizer, cfg.env.train_tasks))
+    (trajectory,) = asyncio.run(expert_episodes(cfg, tokenizer, [cfg.env.train_tasks]))
     trajectory.validate()
     assert trajectory.reward == 1.0 and trajectory.status == "completed"
-    spans = [s for s in trajectory.turns if s.role == "assistant"]
+    spans = [s for s in trajectory.turns if s.role == "assistant"]  # view, wrong edit, right edit, submit
     texts = [tokenizer.decode(trajectory.input_ids[s.start : s.end]) for s in spans]
     masks = [trajectory.loss_mask[s.start : s.end] for s in spans]
-    assert (
-        len(spans) == 4 and '"old_str"' in texts[1] and '"old_str"' in texts[2]
-    )  # view, wrong, right, submit
+    assert len(spans) == 4 and '"old_str"' in texts[1] and '"old_str"' in texts[2]
     assert not any(masks[1]) and all(all(m) for k, m in enumerate(masks) if k != 1)
 
 
@@ -323,10 +321,10 @@ def test_bad_train_config_names_the_key(capsys):
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "algo.policy_loss=dpo"]) == 2
     assert "'algo.policy_loss': Input should be 'ppo', 'gspo', 'gmpo' or 'sapo'" in capsys.readouterr().err
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "sft.expert.run_test=false"]) == 2
-    assert (
+    expected = (
         "sft.expert.run_test: the bugfix-v0 expert takes ['run_tests', 'recover']; did you mean 'run_tests'?"
-        in (capsys.readouterr().err)
     )
+    assert expected in capsys.readouterr().err
 
 
 RESUMABLE = """

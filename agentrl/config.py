@@ -93,12 +93,21 @@ class AlgoConfig(Section):
     """Whiten advantages over the trainable tokens of the batch."""
     critic_warmup: int = Field(0, ge=0)
     """Iterations that train only the critic."""
+    mask_truncated: bool = False
+    """Leave episodes that a budget cut off (``max_turns``, ``truncated_context``, ``timeout``) out of
+    the actor's loss (overlong filtering); the critic still learns their values. Without it their
+    tokens are pushed down like a wrong answer's, the tool-call format's included, in the off-track
+    contexts where that format is least sure."""
 
 
 class OptimConfig(Section):
     actor_lr: float = Field(1e-4, gt=0)
     critic_lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW's epsilon (actor and critic). Adam moves every weight by about the learning rate
+    whatever its gradient's size; a larger epsilon damps the weights whose gradients are smaller
+    than it (mostly noise on a small RL batch)."""
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
     grad_clip: float = Field(1.0, gt=0)

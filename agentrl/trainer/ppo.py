@@ -18,6 +18,7 @@ from agentrl.config import TrainConfig
 from agentrl.trainer.backend import Batch
 from agentrl.trainer.setup import (
     Run,
+    actor_rows,
     advantages,
     evaluate,
     finish,
@@ -57,8 +58,9 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         batch.advantages, batch.returns, adv_metrics = advantages(batch, cfg.algo)
         # 5. critic, then actor (after the critic-only warm-up)
         train_metrics = run.backend.train_critic(batch, loss_config(cfg))
-        if it >= cfg.algo.critic_warmup:
-            train_metrics |= run.backend.train_actor(batch, loss_config(cfg))
+        if it >= cfg.algo.critic_warmup:  # optionally without the episodes a budget cut off
+            actor_batch, mask_metrics = actor_rows(batch, [trajectories[i].status for i in kept], cfg.algo)
+            train_metrics |= run.backend.train_actor(actor_batch, loss_config(cfg)) | mask_metrics
         # 6. weight sync to the inference engine
         await run.engine.update_weights(run.backend.engine_state_dict())
         # 7. checkpoint, then metrics (a resumed run redoes whatever came after its checkpoint)

@@ -10,7 +10,7 @@ import json
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,7 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         actor_lr=o.actor_lr,
         critic_lr=o.critic_lr,
         weight_decay=o.weight_decay,
+        adam_eps=o.adam_eps,
         warmup_steps=o.warmup_steps,
         schedule=o.schedule,
         total_steps=iters * o.epochs * o.minibatches,
@@ -393,6 +394,19 @@ def advantages(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tens
     return adv, ret, metrics
 
 
+CUT_OFF = ("truncated_context", "max_turns", "timeout")  # a budget ended the episode, not the policy
+
+
+def actor_rows(batch: Batch, statuses: list[str], algo: AlgoConfig) -> tuple[Batch, dict[str, float]]:
+    """The batch the actor trains on: with ``algo.mask_truncated``, cut-off episodes get loss mask 0
+    (they leave the loss's token count too); the critic keeps the whole batch."""
+    if not algo.mask_truncated:
+        return batch, {}
+    cut = torch.tensor([s in CUT_OFF for s in statuses], dtype=torch.bool)
+    masked = replace(batch, loss_mask=batch.loss_mask & ~cut[:, None])
+    return masked, {"actor/masked_truncated_frac": float(cut.float().mean()) if len(statuses) else 0.0}
+
+
 def rollout_metrics(trajectories: list[Trajectory], seconds: float) -> dict[str, Any]:
     n = max(len(trajectories), 1)
     statuses = Counter(t.status for t in trajectories)
@@ -401,7 +415,7 @@ def rollout_metrics(trajectories: list[Trajectory], seconds: float) -> dict[str,
         "reward_mean": sum(t.reward for t in trajectories) / n,
         "success_rate": sum(t.reward >= 1.0 for t in trajectories) / n,
         "statuses": dict(statuses),
-        "truncation_rate": (statuses["truncated_context"] + statuses["max_turns"] + statuses["timeout"]) / n,
+        "truncation_rate": sum(statuses[s] for s in CUT_OFF) / n,
         "turns_mean": sum(len(t.finish_reasons) for t in trajectories) / n,
         "length_mean": tokens / n,
         "tool_call_errors": sum(t.extra.get("tool_call_errors", 0) for t in trajectories) / n,

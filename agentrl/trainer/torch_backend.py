@@ -122,6 +122,7 @@ class TorchBackend:
         actor_lr: float = 1e-4,
         critic_lr: float = 1e-4,
         weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
         warmup_steps: int = 0,
         schedule: str = "constant",
         total_steps: int = 1000,
@@ -150,17 +151,21 @@ class TorchBackend:
         self._group = pack if packing == "packed" else bucket
         self.autocast = dtype == "bfloat16"
         self.generator = torch.Generator().manual_seed(seed)
-        self.actor_opt = torch.optim.AdamW(policy.parameters(), lr=actor_lr, weight_decay=weight_decay)
+        self.actor_opt = torch.optim.AdamW(
+            policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
+        )
         self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
         # the critic takes critic_epochs / epochs as many steps: its schedule spans them all
         critic_total = max(1, total_steps * self.critic_epochs // epochs)
-        self._critic_args = (critic_lr, weight_decay, warmup_steps, schedule, critic_total)
+        self._critic_args = (critic_lr, weight_decay, adam_eps, warmup_steps, schedule, critic_total)
         if self.critic is not None:
             self._critic_optimizer()
 
     def _critic_optimizer(self) -> None:
-        lr, weight_decay, warmup_steps, schedule, total_steps = self._critic_args
-        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=lr, weight_decay=weight_decay)
+        lr, weight_decay, eps, warmup_steps, schedule, total_steps = self._critic_args
+        self.critic_opt = torch.optim.AdamW(
+            self.critic.parameters(), lr=lr, weight_decay=weight_decay, eps=eps
+        )
         self.critic_sched = self._schedule(self.critic_opt, warmup_steps, schedule, total_steps)
 
     def reset_critic(self) -> None:

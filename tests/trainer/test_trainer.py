@@ -18,7 +18,7 @@ from agentrl.env import register
 from agentrl.models import tiny_chat_model
 from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trainer.checkpoint import Checkpoints
-from agentrl.trainer.setup import token_weights
+from agentrl.trainer.setup import actor_rows, token_weights
 from agentrl.trainer.torch_backend import TorchBackend
 from agentrl.trajectory import Trajectory, TurnSpan
 
@@ -136,6 +136,32 @@ def test_masked_and_icepop_dropped_tokens_get_zero_logit_gradient_through_the_ba
     assert (grad[kept] > 0).all()
 
 
+def test_mask_truncated_leaves_cut_off_episodes_out_of_the_actor_update():
+    import copy
+
+    batch = synthetic_batch()
+    statuses = ["completed", "max_turns", "timeout"]
+    algo = load_config(TrainConfig).algo
+    assert actor_rows(batch, statuses, algo) == (batch, {})  # off by default: the batch as it is
+    masked, metrics = actor_rows(batch, statuses, algo.model_copy(update={"mask_truncated": True}))
+    assert metrics == {"actor/masked_truncated_frac": pytest.approx(2 / 3)}
+    assert torch.equal(masked.loss_mask[0], batch.loss_mask[0]) and batch.loss_mask[1:].any()
+    assert not masked.loss_mask[1:].any() and torch.equal(masked.input_ids, batch.input_ids)
+    # The update from the masked batch is the update from the completed row alone: the cut-off rows
+    # add no gradient and do not dilute the token mean.
+    model, _ = tiny_chat_model(seed=6)
+    a = TorchBackend(copy.deepcopy(model), actor_lr=1e-3, critic=False)
+    b = TorchBackend(copy.deepcopy(model), actor_lr=1e-3, critic=False)
+    masked.old_logprobs = a.logprobs(masked)
+    masked.advantages = torch.where(masked.loss_mask, torch.randn(masked.input_ids.shape), torch.zeros(()))
+    a.train_actor(masked, LossConfig())
+    b.train_actor(masked.rows([0]), LossConfig())
+    moved = [not torch.equal(p, q) for p, q in zip(model.parameters(), a.policy.parameters(), strict=True)]
+    assert any(moved)
+    for p, q in zip(a.policy.parameters(), b.policy.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+
+
 def test_padding_changes_no_real_token_log_prob_or_value():
     """Rows of different lengths padded into one micro-batch (no padding mask: right padding under
     causal attention) give each real token the log-prob and value it gets alone, and packed rows
@@ -158,7 +184,7 @@ def test_padding_changes_no_real_token_log_prob_or_value():
 
 def test_reset_critic_starts_the_value_model_from_the_current_policy():
     model, _ = tiny_chat_model(seed=4)
-    backend = TorchBackend(model, critic_lr=1e-3)
+    backend = TorchBackend(model, critic_lr=1e-3, adam_eps=1e-5)
     with torch.no_grad():  # stand-in for a warm start: the policy moves after the backend was built
         for p in model.parameters():
             p.add_(0.01)
@@ -174,6 +200,7 @@ def test_reset_critic_starts_the_value_model_from_the_current_policy():
     assert same_backbone() and float(backend.critic.head.weight.detach().abs().sum()) == 0.0
     assert backend.critic_opt.param_groups[0]["params"][0] is next(backend.critic.parameters())
     assert backend.critic_opt.param_groups[0]["lr"] == 1e-3
+    assert backend.critic_opt.param_groups[0]["eps"] == backend.actor_opt.param_groups[0]["eps"] == 1e-5
 
 
 def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():

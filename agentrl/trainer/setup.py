@@ -264,6 +264,7 @@ async def warm_start(run: Run) -> None:
     batch = Batch.from_trajectories(solved)
     losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size)
     run.backend.reset_critic()  # the value model starts from the warm-started weights, as with model.init
+    run.backend.reset_reference()  # and so does the KL's reference (algo.kl_coef > 0)
     await run.engine.update_weights(run.backend.engine_state_dict())
     torch.save(run.backend.engine_state_dict(), cfg.run_dir / "warm_start.pt")  # model.init= to reuse it
     run.state["sft"] = {"episodes": len(solved), "loss_first": losses[0], "loss_last": losses[-1]}

@@ -175,6 +175,12 @@ class TorchBackend:
             self.critic = ValueModel(self.policy).to(self.device).train()
             self._critic_optimizer()
 
+    def reset_reference(self) -> None:
+        """The KL term's reference becomes the policy as it is now: after a supervised warm start the
+        KL anchors to the warm-started weights, not to the ones the run was built from."""
+        if self.reference is not None:
+            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+
     @staticmethod
     def _schedule(opt, warmup: int, kind: str, total: int):
         def factor(step: int) -> float:

@@ -203,6 +203,20 @@ def test_reset_critic_starts_the_value_model_from_the_current_policy():
     assert backend.critic_opt.param_groups[0]["eps"] == backend.actor_opt.param_groups[0]["eps"] == 1e-5
 
 
+def test_reset_reference_anchors_the_kl_to_the_current_policy():
+    model, _ = tiny_chat_model(seed=7)
+    backend = TorchBackend(model, reference=True, critic=False)
+    with torch.no_grad():  # stand-in for a warm start after the backend was built
+        for p in model.parameters():
+            p.add_(0.01)
+    batch = synthetic_batch()
+    assert not torch.allclose(backend.ref_logprobs(batch), backend.logprobs(batch))
+    backend.reset_reference()
+    torch.testing.assert_close(backend.ref_logprobs(batch), backend.logprobs(batch))
+    assert not any(p.requires_grad for p in backend.reference.parameters())
+    TorchBackend(model, critic=False).reset_reference()  # no reference: nothing to do
+
+
 def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
     model, _ = tiny_chat_model(seed=5)
     backend = TorchBackend(

@@ -33,6 +33,11 @@ def _backbone(model: nn.Module) -> nn.Module:
     return getattr(model, model.base_model_prefix)
 
 
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    """A copy that takes no gradient and stays in eval mode: the KL term's reference."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
 class ValueModel(nn.Module):
     """A causal LM backbone with a scalar head: V(state before token t) from the hidden state at t-1."""
 
@@ -141,7 +146,7 @@ class TorchBackend:
         self.policy = policy.train()
         self.device = next(policy.parameters()).device
         self.critic = ValueModel(policy).to(self.device).train() if critic else None
-        self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if reference else None
+        self.reference = _frozen_copy(policy) if reference else None
         self.epochs, self.minibatches = epochs, minibatches
         self.critic_epochs = critic_epochs or epochs
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
@@ -179,7 +184,7 @@ class TorchBackend:
         """The KL term's reference becomes the policy as it is now: after a supervised warm start the
         KL anchors to the warm-started weights, not to the ones the run was built from."""
         if self.reference is not None:
-            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            self.reference = _frozen_copy(self.policy)
 
     @staticmethod
     def _schedule(opt, warmup: int, kind: str, total: int):

@@ -285,7 +285,9 @@ class TorchBackend:
                 metrics: dict[str, float] = {}
                 if total == 0:
                     continue
-                for micro in self._group(lengths, rows, self.budget):
+                # a row with no trainable token adds no gradient and no share: no forward for it
+                live = [r for r in rows if bool(batch.loss_mask[r].any())]
+                for micro in self._group(lengths, live, self.budget):
                     loss, m = loss_fn(micro)
                     share = share_fn(micro) / total
                     (loss * share).backward()

@@ -154,7 +154,16 @@ def test_mask_truncated_leaves_cut_off_episodes_out_of_the_actor_update():
     b = TorchBackend(copy.deepcopy(model), actor_lr=1e-3, critic=False)
     masked.old_logprobs = a.logprobs(masked)
     masked.advantages = torch.where(masked.loss_mask, torch.randn(masked.input_ids.shape), torch.zeros(()))
+    forwarded = []
+    row_logprobs = a._row_logprobs
+
+    def spy(model, batch, rows, *args, **kwargs):
+        forwarded.extend(rows)
+        return row_logprobs(model, batch, rows, *args, **kwargs)
+
+    a._row_logprobs = spy
     a.train_actor(masked, LossConfig())
+    assert set(forwarded) == {0}  # the masked rows are not run through the model at all
     b.train_actor(masked.rows([0]), LossConfig())
     moved = [not torch.equal(p, q) for p, q in zip(model.parameters(), a.policy.parameters(), strict=True)]
     assert any(moved)

@@ -86,6 +86,9 @@ class AlgoConfig(Section):
     """IcePop (drop tokens outside the band) or TIS (truncate the weight at ``icepop_high``)."""
     icepop_low: float = Field(0.5, ge=0, le=1)
     icepop_high: float = Field(5.0, ge=1)
+    entropy_top: float | None = Field(None, gt=0, le=1)
+    """Train the actor only on this fraction of the trainable tokens, those where the old policy's
+    entropy is highest (forking tokens); None: every token. The critic keeps every token."""
     kl_coef: float = Field(0.0, ge=0)
     """KL to the initial policy (k3); 0 (off) by default, as IcePop bounds the mismatch."""
     value_clip: float | None = 0.2

@@ -10,6 +10,7 @@ from agentrl.algo.logprobs import token_logprobs
 from agentrl.algo.losses import (
     aggregate,
     explained_variance,
+    forking_tokens,
     icepop_weights,
     kl_penalty,
     policy_loss,
@@ -20,6 +21,7 @@ __all__ = [
     "aggregate",
     "discounted_reverse_cumsum",
     "explained_variance",
+    "forking_tokens",
     "gae",
     "group_advantages",
     "icepop_weights",

@@ -69,6 +69,43 @@ def icepop_weights(
     return weights, metrics
 
 
+def forking_tokens(entropy: Tensor, mask: Tensor, top: float) -> tuple[Tensor, dict[str, float]]:
+    """The trainable tokens among the ``top`` fraction with the highest entropy ("forking" tokens,
+    Wang et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939).
+
+    Where the policy was sure of a token (a tool call's JSON, a closing tag) a policy-gradient
+    step can only move it away from what it was sure of; on a sparse reward every token of a failed
+    episode gets the failure's sign, so the format it is sure of is pushed down together with the
+    choice that failed. Restricting the actor's loss to the high-entropy minority keeps the
+    gradient on the choices.
+
+    Args:
+        entropy: ``[B, T]`` entropy of the distribution each token was drawn from (old policy).
+        mask: ``[B, T]`` 1 = trainable token.
+        top: fraction of the trainable tokens to keep, in (0, 1].
+
+    Returns:
+        ``(keep [B, T] bool, metrics)``; ties at the threshold are kept. Metrics:
+        ``forking_kept_frac`` (of trainable tokens), ``forking_entropy_threshold``.
+    """
+    check_2d("entropy", entropy)
+    check_same_shape("entropy", entropy, mask=mask)
+    check_finite("entropy", entropy)
+    if not 0.0 < top <= 1.0:
+        raise ValueError(f"top must be in (0, 1] (the fraction of tokens kept); got {top}.")
+    trainable = as_bool_mask(mask)
+    values = entropy.detach().float()[trainable]
+    if values.numel() == 0:
+        return trainable.clone(), {"forking_kept_frac": 0.0, "forking_entropy_threshold": 0.0}
+    k = max(1, round(top * values.numel()))
+    threshold = torch.topk(values, k).values.min()
+    keep = trainable & (entropy.detach().float() >= threshold)
+    return keep, {
+        "forking_kept_frac": float(keep.sum()) / values.numel(),
+        "forking_entropy_threshold": float(threshold),
+    }
+
+
 POLICY_KINDS = ("ppo", "gspo", "gmpo", "sapo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 

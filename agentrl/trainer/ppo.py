@@ -50,9 +50,11 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         # 2. recompute old log-probs (training engine) and values (critic)
         batch.old_logprobs = run.backend.logprobs(batch, cfg.rollout.temperature)
         batch.old_values = run.backend.values(batch)
+        if cfg.algo.entropy_top is not None:  # forking tokens: the actor trains on the unsure ones
+            batch.old_entropy = run.backend.entropies(batch, cfg.rollout.temperature)
         if cfg.algo.kl_coef > 0:
             batch.ref_logprobs = run.backend.ref_logprobs(batch, cfg.rollout.temperature)
-        # 3. IcePop (or TIS) token weights from recomputed vs rollout log-probs
+        # 3. IcePop (or TIS) token weights from recomputed vs rollout log-probs (x forking tokens)
         batch.token_weights, filter_metrics = token_weights(batch, cfg.algo)
         # 4. advantages: GAE over trainable tokens, or a group baseline
         batch.advantages, batch.returns, adv_metrics = advantages(batch, cfg.algo)

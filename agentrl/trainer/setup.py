@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.algo import explained_variance, gae, group_advantages, icepop_weights
+from agentrl.algo import explained_variance, forking_tokens, gae, group_advantages, icepop_weights
 from agentrl.config import AlgoConfig, ConfigError, TrainConfig
 from agentrl.env import Task, make
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
@@ -353,6 +353,17 @@ async def evaluate_weights(cfg: TrainConfig, log=print) -> dict[str, float]:
 
 
 def token_weights(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor | None, dict[str, float]]:
+    weights, metrics = _filter_weights(batch, algo)
+    if algo.entropy_top is None:
+        return weights, metrics
+    if batch.old_entropy is None:
+        raise ValueError("algo.entropy_top needs the old policy's entropies (batch.old_entropy)")
+    keep, fork_metrics = forking_tokens(batch.old_entropy, batch.loss_mask, algo.entropy_top)
+    weights = keep.float() if weights is None else weights * keep
+    return weights, metrics | fork_metrics
+
+
+def _filter_weights(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor | None, dict[str, float]]:
     if algo.token_filter == "none":
         return None, {}
     weights, metrics = icepop_weights(

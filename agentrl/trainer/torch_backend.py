@@ -264,6 +264,12 @@ class TorchBackend:
             )
         return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
 
+    def entropies(self, batch: Batch, temperature: float = 1.0) -> Tensor:
+        """[B, T] entropy of the policy's distribution at each token (column 0 is 0)."""
+        return self._all(
+            lambda rows: self._row_logprobs(self.policy, batch, rows, temperature, entropy=True)[1], batch
+        )
+
     def values(self, batch: Batch) -> Tensor:
         return self._all(lambda rows: self._row_values(batch, rows), batch)
 

@@ -99,3 +99,56 @@ def test_uniform_group_is_exactly_zero_even_with_rounding():
         torch.tensor([0.1, 0.1, 0.1], dtype=torch.float64), torch.tensor([0, 0, 0]), eps=0.0
     )
     assert adv.tolist() == [0.0, 0.0, 0.0] and m["uniform_reward_groups"] == 1.0
+
+
+def test_forking_tokens_keep_the_highest_entropy_trainable_tokens():
+    from agentrl.algo import forking_tokens
+
+    # Trainable entropies 0.1, 2.0, 0.5, 1.0 (the 5th token is prompt, with the highest entropy).
+    entropy = torch.tensor([[0.1, 2.0, 0.5, 1.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    keep, m = forking_tokens(entropy, mask, top=0.5)
+    assert keep.tolist() == [[False, True, False, True, False]]  # never the prompt token
+    assert m == {"forking_kept_frac": 0.5, "forking_entropy_threshold": 1.0}
+    keep, _ = forking_tokens(entropy, mask, top=1.0)
+    assert keep.tolist() == [[True, True, True, True, False]]
+    keep, _ = forking_tokens(entropy, mask, top=0.01)  # at least one token
+    assert keep.sum() == 1 and keep[0, 1]
+    ties = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    keep, m = forking_tokens(ties, torch.ones(1, 4), top=0.25)
+    assert keep.tolist() == [[True, True, True, False]] and m["forking_kept_frac"] == 0.75
+    keep, m = forking_tokens(entropy, torch.zeros(1, 5), top=0.2)
+    assert not keep.any() and m["forking_kept_frac"] == 0.0
+    with pytest.raises(ValueError, match="top must be in \\(0, 1\\].*got 0.0"):
+        forking_tokens(entropy, mask, top=0.0)
+    with pytest.raises(ValueError, match="entropy holds 1 non-finite value"):
+        forking_tokens(torch.tensor([[0.0, float("nan")]]), torch.ones(1, 2), top=0.5)
+
+
+def test_forking_tokens_multiply_the_icepop_weights_in_the_trainer():
+    from agentrl.config import TrainConfig, load_config
+    from agentrl.trainer.backend import Batch
+    from agentrl.trainer.setup import token_weights
+
+    rollout = torch.tensor([[0.0, -1.0, -2.0, -0.5, -1.0]])
+    k = torch.tensor([[1.0, 0.4, 2.0, 1.0, 3.0]])  # the 2nd token leaves the IcePop band
+    batch = Batch(
+        input_ids=torch.zeros(1, 5, dtype=torch.long),
+        lengths=torch.tensor([5]),
+        loss_mask=torch.tensor([[False, True, True, True, True]]),
+        rollout_logprobs=rollout,
+        rewards=torch.zeros(1),
+        group_ids=torch.zeros(1, dtype=torch.long),
+        old_logprobs=rollout + k.log(),
+        old_entropy=torch.tensor([[5.0, 3.0, 2.0, 0.1, 0.2]]),
+    )
+    algo = load_config(TrainConfig, None, ["algo.entropy_top=0.5"]).algo
+    weights, metrics = token_weights(batch, algo)
+    # forking: tokens 1 and 2 (entropies 3.0, 2.0); IcePop then drops token 1; token 2 keeps k = 2
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 0.0, 2.0, 0.0, 0.0]]))
+    assert metrics["forking_kept_frac"] == 0.5 and metrics["icepop_masked_frac"] == 0.25
+    plain, _ = token_weights(batch, algo.model_copy(update={"token_filter": "none"}))
+    assert plain.tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0]]
+    batch.old_entropy = None
+    with pytest.raises(ValueError, match="algo.entropy_top needs"):
+        token_weights(batch, algo)

@@ -341,9 +341,13 @@ def test_quickstart_two_iteration_smoke(tmp_path):
             "rollout.n_samples=2",
             "rollout.max_new_tokens=24",
             "metrics.progress=false",
+            "algo.entropy_top=0.2",
+            "algo.critic_warmup=0",
         ]
     )
     assert code == 0 and not (tmp_path / "from-warm" / "warm_start.pt").exists()
+    record = json.loads((tmp_path / "from-warm" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert 0.0 < record["forking_kept_frac"] <= 0.5 and "actor/policy_loss" in record  # forking tokens
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), f"model.init={tmp_path}/nothing.pt"]) == 2
 
 

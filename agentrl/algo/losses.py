@@ -94,12 +94,13 @@ def forking_tokens(entropy: Tensor, mask: Tensor, top: float) -> tuple[Tensor, d
     if not 0.0 < top <= 1.0:
         raise ValueError(f"top must be in (0, 1] (the fraction of tokens kept); got {top}.")
     trainable = as_bool_mask(mask)
-    values = entropy.detach().float()[trainable]
+    entropy = entropy.detach().float()
+    values = entropy[trainable]
     if values.numel() == 0:
         return trainable.clone(), {"forking_kept_frac": 0.0, "forking_entropy_threshold": 0.0}
     k = max(1, round(top * values.numel()))
     threshold = torch.topk(values, k).values.min()
-    keep = trainable & (entropy.detach().float() >= threshold)
+    keep = trainable & (entropy >= threshold)
     return keep, {
         "forking_kept_frac": float(keep.sum()) / values.numel(),
         "forking_entropy_threshold": float(threshold),

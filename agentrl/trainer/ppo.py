@@ -48,10 +48,13 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
         t1 = time.monotonic()
         # 2. recompute old log-probs (training engine) and values (critic)
-        batch.old_logprobs = run.backend.logprobs(batch, cfg.rollout.temperature)
+        if cfg.algo.entropy_top is None:
+            batch.old_logprobs = run.backend.logprobs(batch, cfg.rollout.temperature)
+        else:  # forking tokens: the actor trains on the unsure ones
+            batch.old_logprobs, batch.old_entropy = run.backend.logprobs_and_entropies(
+                batch, cfg.rollout.temperature
+            )
         batch.old_values = run.backend.values(batch)
-        if cfg.algo.entropy_top is not None:  # forking tokens: the actor trains on the unsure ones
-            batch.old_entropy = run.backend.entropies(batch, cfg.rollout.temperature)
         if cfg.algo.kl_coef > 0:
             batch.ref_logprobs = run.backend.ref_logprobs(batch, cfg.rollout.temperature)
         # 3. IcePop (or TIS) token weights from recomputed vs rollout log-probs (x forking tokens)

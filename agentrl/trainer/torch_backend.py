@@ -264,11 +264,15 @@ class TorchBackend:
             )
         return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
 
-    def entropies(self, batch: Batch, temperature: float = 1.0) -> Tensor:
-        """[B, T] entropy of the policy's distribution at each token (column 0 is 0)."""
-        return self._all(
-            lambda rows: self._row_logprobs(self.policy, batch, rows, temperature, entropy=True)[1], batch
-        )
+    def logprobs_and_entropies(self, batch: Batch, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+        """``logprobs`` and the [B, T] entropy of the distribution at each token, from one pass."""
+        entropy = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+
+        def fn(rows: list[int]) -> Tensor:
+            logp, entropy[rows] = self._row_logprobs(self.policy, batch, rows, temperature, entropy=True)
+            return logp
+
+        return self._all(fn, batch), entropy
 
     def values(self, batch: Batch) -> Tensor:
         return self._all(lambda rows: self._row_values(batch, rows), batch)
@@ -284,6 +288,7 @@ class TorchBackend:
     ) -> list[dict[str, float]]:
         history = []
         lengths = batch.lengths.tolist()
+        trainable = batch.loss_mask.any(1).tolist()
         for _ in range(epochs):
             for rows in self._minibatches(batch):
                 opt.zero_grad(set_to_none=True)
@@ -292,7 +297,7 @@ class TorchBackend:
                 if total == 0:
                     continue
                 # a row with no trainable token adds no gradient and no share: no forward for it
-                live = [r for r in rows if bool(batch.loss_mask[r].any())]
+                live = [r for r in rows if trainable[r]]
                 for micro in self._group(lengths, live, self.budget):
                     loss, m = loss_fn(micro)
                     share = share_fn(micro) / total

@@ -189,6 +189,13 @@ def test_padding_changes_no_real_token_log_prob_or_value():
             got, want = getattr(backend, fn)(batch), getattr(alone, fn)(batch)
             for r, n in enumerate(batch.lengths.tolist()):
                 torch.testing.assert_close(got[r, :n], want[r, :n], atol=1e-5, rtol=1e-5)
+    # log-probs with entropies (one pass): the same log-probs, and each token's entropy as it gets alone
+    logp, entropy = together["padded"].logprobs_and_entropies(batch, 0.5)
+    torch.testing.assert_close(logp, together["padded"].logprobs(batch, 0.5))
+    for r, n in enumerate(batch.lengths.tolist()):
+        _, want = alone._row_logprobs(model, batch, [r], 0.5, entropy=True)
+        torch.testing.assert_close(entropy[r, :n], want[0, :n], atol=1e-5, rtol=1e-5)
+        assert (entropy[r, 1:n] > 0).all() and (entropy[r, n:] == 0).all()
 
 
 def test_reset_critic_starts_the_value_model_from_the_current_policy():

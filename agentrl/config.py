@@ -137,7 +137,8 @@ class SFTConfig(Section):
     batch_size: int = Field(8, ge=1)
     """Episodes per optimizer step."""
     expert: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the environment's scripted expert (bugfix-v0: ``run_tests``)."""
+    """Keyword arguments of the environment's scripted expert (bugfix-v0: ``run_tests``, ``recover``,
+    ``miss``: the share of episodes whose fix has a slip and fails, imitated all the same)."""
 
 
 class MetricsConfig(Section):

@@ -14,6 +14,11 @@ class Untrained(str):
     (e.g. an expert's deliberate wrong edit, there so that the next turn shows how to recover)."""
 
 
+class Miss(str):
+    """A scripted turn that is imitated although it does not solve the task (a noisy expert's plausible
+    wrong fix): a warm start keeps the episode, which fails, and trains on it like any other."""
+
+
 class ScriptedEngine:
     """``add(prompt_ids, turns)`` registers the texts to answer an episode whose prompt is ``prompt_ids``.
 

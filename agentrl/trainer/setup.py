@@ -219,7 +219,7 @@ async def expert_episodes(cfg: TrainConfig, tokenizer, indices: list[int]) -> li
     (the same rendering, parsing, tools and grading as the policy's), ``rollout.concurrency`` at a
     time; an ``Untrained`` turn (a deliberate wrong edit) gets loss mask 0, so a warm start learns
     the recovery but not the mistake."""
-    from agentrl.rollout.scripted import ScriptedEngine, Untrained
+    from agentrl.rollout.scripted import Miss, ScriptedEngine, Untrained
 
     expert_texts = _expert_texts(cfg)
     renderer = _Renderer(tokenizer, None)
@@ -242,9 +242,28 @@ async def expert_episodes(cfg: TrainConfig, tokenizer, indices: list[int]) -> li
             if isinstance(text, Untrained):
                 trajectory.loss_mask[span.start : span.end] = [0] * (span.end - span.start)
                 trajectory.rollout_logprobs[span.start : span.end] = [0.0] * (span.end - span.start)
+        trajectory.extra["expert_miss"] = any(isinstance(text, Miss) for text in texts)
         return trajectory
 
     return list(await asyncio.gather(*(one(i) for i in indices)))
+
+
+def sft_episodes(trajectories: list[Trajectory]) -> tuple[list[Trajectory], int]:
+    """The expert episodes a warm start trains on, in order, and how many of them are slipped fixes:
+    the solved ones and the deliberate slips (``sft.expert.miss``), all submitted. An episode cut off
+    by the turn limit would teach not to submit; a failure the expert did not mean is left out."""
+    solved = [t.reward == 1.0 and t.status == "completed" for t in trajectories]
+    if not any(solved):
+        raise RuntimeError(
+            f"the scripted expert solved none of {len(trajectories)} warm-start episodes: "
+            f"{Counter(t.status for t in trajectories)}"
+        )
+    slips = [
+        t.extra.get("expert_miss", False) and t.reward == 0.0 and t.status == "completed"
+        for t in trajectories
+    ]
+    kept = [t for t, a, b in zip(trajectories, solved, slips, strict=True) if a or b]
+    return kept, sum(slips)
 
 
 async def warm_start(run: Run) -> None:
@@ -255,20 +274,23 @@ async def warm_start(run: Run) -> None:
     # Expert episodes use training tasks from the far end of the training set's index range.
     indices = [cfg.env.train_tasks + i for i in range(cfg.sft.episodes)]
     trajectories = await expert_episodes(cfg, run.tokenizer, indices)
-    # solved and submitted: an expert cut off by the turn limit would teach not to submit
-    solved = [t for t in trajectories if t.reward == 1.0 and t.status == "completed"]
-    if not solved:
-        raise RuntimeError(
-            f"the scripted expert solved none of {len(trajectories)} warm-start episodes: {Counter(t.status for t in trajectories)}"
-        )
-    batch = Batch.from_trajectories(solved)
+    kept, slipped = sft_episodes(trajectories)
+    batch = Batch.from_trajectories(kept)
     losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size)
     run.backend.reset_critic()  # the value model starts from the warm-started weights, as with model.init
     run.backend.reset_reference()  # and so does the KL's reference (algo.kl_coef > 0)
     await run.engine.update_weights(run.backend.engine_state_dict())
     torch.save(run.backend.engine_state_dict(), cfg.run_dir / "warm_start.pt")  # model.init= to reuse it
-    run.state["sft"] = {"episodes": len(solved), "loss_first": losses[0], "loss_last": losses[-1]}
-    run.log(f"warm start: {len(solved)} expert episodes, SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    run.state["sft"] = {
+        "episodes": len(kept),
+        "slipped": slipped,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+    }
+    run.log(
+        f"warm start: {len(kept)} expert episodes ({slipped} with a slipped fix), "
+        f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    )
 
 
 def _expert_texts(cfg: TrainConfig):

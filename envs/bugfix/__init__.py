@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env import Observation, StepResult, Task
-from agentrl.envs.bugfix.generator import SPLITS, TEMPLATES, BugfixTask, check_layout, describe, generate
-from agentrl.rollout.scripted import Untrained
+from agentrl.envs.bugfix.generator import (
+    SPLITS,
+    TEMPLATES,
+    BugfixTask,
+    check_layout,
+    describe,
+    fails_after,
+    generate,
+)
+from agentrl.rollout.scripted import Miss, Untrained
 from agentrl.sandbox import diff_script, make_sandbox
 from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
 
@@ -339,18 +347,56 @@ def _recovers(spec: BugfixTask, recover: float) -> bool:
     return _hash32(f"recover/{spec.id}") < recover * 0x100000000
 
 
-def expert_turns(spec: BugfixTask, run_tests: bool = True, recover: float = 0.0) -> list[list[ToolCall]]:
+# One-token slips on the right fix (operator, comparison, bound, name), tried in this order: the first
+# that still leaves a test failing is the near miss, so a bug kind always gets the same one.
+_SLIPS = (
+    (" + ", " - "), (" - ", " + "), (" * ", " / "), (" / ", " * "), ("+=", "-="), ("*=", "/="),
+    (">=", ">"), ("<=", "<"), (" > ", " < "), (" < ", " > "), ("==", "!="), ("!=", "=="),
+    ("ljust", "rjust"), (" or ", " and "), (">=", "<="), (" / ", " - "), ("-n", "-n - 1"), ("hi", "lo"),
+    (">=", "=="), ("[best]", "[i]"), ("[i]", "[i - 1]"), ("))", ") + 1)"), ("1", "0"), ("0", "1"),
+    ("+ ", "* "),
+)  # fmt: skip
+
+
+_NEAR_MISSES: dict[tuple[str, str], tuple[str, str] | None] = {}
+
+
+def near_miss_edit(spec: BugfixTask) -> tuple[str, str] | None:
+    """A plausible wrong fix for ``spec``: the right ``old``, and the right ``new`` with one slip (an
+    operator, comparison or bound) that still leaves a test failing; None when no slip does."""
+    key = (spec.content_hash, spec.fix["new"])
+    if key not in _NEAR_MISSES:
+        old, new = spec.fix["old"], spec.fix["new"]
+        slips = (new.replace(a, b, 1) for a, b in _SLIPS if a in new)
+        _NEAR_MISSES[key] = next(
+            ((old, s) for s in slips if s not in (new, old) and fails_after(spec, old, s)), None
+        )
+    return _NEAR_MISSES[key]
+
+
+def _misses(spec: BugfixTask, miss: float) -> bool:
+    return _hash32(f"miss/{spec.id}") < miss * 0x100000000 and near_miss_edit(spec) is not None
+
+
+def expert_turns(
+    spec: BugfixTask, run_tests: bool = True, recover: float = 0.0, miss: float = 0.0
+) -> list[list[ToolCall]]:
     """The scripted expert: run the tests, view the buggy file, fix it, run the tests, submit.
 
     ``run_tests=False``: view, fix, submit (the prompt names the failing tests; each test run costs
     a pytest start-up in the sandbox, the bulk of an episode's time on a small machine).
     ``recover``: the share of tasks (chosen by id) on which the expert first tries a wrong fix
     (``decoy_edit``), reads the editor's error, then makes the right one.
+    ``miss``: the share of tasks (chosen by id) on which the expert's fix has a slip
+    (``near_miss_edit``): it applies, the tests still fail, and the expert submits anyway — a noisy
+    demonstrator, like a weaker model's unfiltered episodes.
     """
     if not 0.0 <= recover <= 1.0:
         raise ValueError(
             f"recover is the share of tasks with a failed first edit, in [0, 1]; got {recover!r}"
         )
+    if not 0.0 <= miss <= 1.0:
+        raise ValueError(f"miss is the share of tasks with a slipped fix, in [0, 1]; got {miss!r}")
     fix = spec.fix
 
     def edit(old: str, new: str) -> list[ToolCall]:
@@ -360,25 +406,33 @@ def expert_turns(spec: BugfixTask, run_tests: bool = True, recover: float = 0.0)
     tests = [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")]
     view = [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")]
     wrong = [edit(*decoy_edit(spec))] if _recovers(spec, recover) else []
-    turns = [tests, view, *wrong, edit(fix["old"], fix["new"]), tests, [ToolCall("submit", {}, id="call_0")]]
+    right = near_miss_edit(spec) if _misses(spec, miss) else (fix["old"], fix["new"])
+    turns = [tests, view, *wrong, edit(*right), tests, [ToolCall("submit", {}, id="call_0")]]
     return turns if run_tests else [t for t in turns if t is not tests]
 
 
 def expert_texts(
-    spec: BugfixTask, tool_format: str = "hermes", run_tests: bool = True, recover: float = 0.0
+    spec: BugfixTask,
+    tool_format: str = "hermes",
+    run_tests: bool = True,
+    recover: float = 0.0,
+    miss: float = 0.0,
 ) -> list[str]:
     """The scripted expert's turns as a model would write them in ``tool_format``.
 
     A wrong first edit (``recover``) comes as ``Untrained``, for a warm start to play but not imitate;
     on a third of those tasks (by id) it is also cut off halfway, so the error the expert recovers
-    from is the parser's (a call never closed) rather than the editor's."""
+    from is the parser's (a call never closed) rather than the editor's. The slipped fix (``miss``)
+    comes as ``Miss``: imitated, in an episode that fails."""
     from agentrl.tools import RENDERERS
 
     broken = _hash32(f"broken/{spec.id}") % 3 == 0
     texts = []
-    for calls in expert_turns(spec, run_tests, recover):
+    for calls in expert_turns(spec, run_tests, recover, miss):
         text = RENDERERS[tool_format](calls)
         if calls[0].arguments.get("old_str", spec.fix["old"]) != spec.fix["old"]:  # the wrong edit
             text = Untrained(text[: len(text) // 2] if broken else text)
+        elif calls[0].arguments.get("new_str", spec.fix["new"]) != spec.fix["new"]:  # the slipped fix
+            text = Miss(text)
         texts.append(text)
     return texts

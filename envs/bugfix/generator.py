@@ -405,6 +405,21 @@ def _draw(
     )
 
 
+def fails_after(task: BugfixTask, old: str, new: str) -> bool:
+    """Whether some test still fails (or the code no longer runs) once ``old`` becomes ``new`` in the
+    buggy file, the tests run in-process."""
+    files = dict(task.files)
+    files[task.fix["path"]] = files[task.fix["path"]].replace(old, new, 1)
+    prefix = f"{task.package}/"
+    sources = {p[len(prefix) : -3]: c for p, c in files.items() if p.startswith(prefix) and p.count("/") == 1}
+    sources.pop("__init__", None)
+    tests = {p[len("tests/test_") : -3]: c for p, c in files.items() if p.startswith("tests/test_")}
+    try:
+        return bool(_run_tests(sources, tests))
+    except Exception:
+        return True
+
+
 def split_of(content_hash: str) -> str:
     return "test" if int(content_hash[:8], 16) < 0x19999999 else "train"  # first tenth of the hash space
 

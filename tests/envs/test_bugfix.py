@@ -308,3 +308,47 @@ def test_malformed_calls_no_calls_and_turn_budget():
             make("bugfix-v0", on_no_tool_call="ignore")
 
     run(go())
+
+
+def test_noisy_expert_slips_on_its_fix_by_one_token_and_the_slip_fails():
+    from agentrl.envs.bugfix import _SLIPS, expert_texts, near_miss_edit
+    from agentrl.envs.bugfix.generator import fails_after
+    from agentrl.rollout.scripted import Miss
+
+    specs = [generate("train", i) for i in range(300)]
+    misses = [near_miss_edit(s) for s in specs]
+    # every kind of every template but linear (whose fixes are bare constants) has a slip
+    assert sum(m is None for m in misses) < 0.1 * len(specs)
+    assert all(s.id.startswith("train") for s, m in zip(specs, misses, strict=True) if m is None)
+    for spec, miss in zip(specs, misses, strict=True):
+        if miss is None:
+            continue
+        old, new = miss
+        assert old == spec.fix["old"] and new != spec.fix["new"] and new != old
+        assert fails_after(spec, old, new) and not fails_after(spec, old, spec.fix["new"])
+        assert any(spec.fix["new"].replace(x, y, 1) == new for x, y in _SLIPS)  # one slip
+    # the same bug kind slips the same way, whatever the task
+    one = [generate("train", i, n_modules=1, n_distractors=0, templates=("scale",)) for i in range(12)]
+    assert {near_miss_edit(s)[1] for s in one} == {"v / factor"}
+    marked = [[isinstance(t, Miss) for t in expert_texts(s, run_tests=False, miss=0.5)] for s in specs]
+    assert all(m in ([False] * 3, [False, True, False]) for m in marked)  # the fix only
+    assert 0.35 < sum(any(m) for m in marked) / len(specs) < 0.6
+    assert not any(isinstance(t, Miss) for s in specs for t in expert_texts(s, run_tests=False))
+    with pytest.raises(ValueError, match="miss is the share of tasks"):
+        expert_turns(specs[0], miss=-0.1)
+
+
+def test_slipped_fix_applies_and_earns_nothing_in_the_sandbox():
+    async def go():
+        env = make("bugfix-v0", sandbox="local", max_turns=4, n_modules=1, n_distractors=0)
+        try:
+            for task in env.tasks("train", 3):
+                await env.reset(task)
+                for calls in expert_turns(env.spec, run_tests=False, miss=1.0):
+                    result = await env.step(calls)
+                    assert not result.observation or "error" not in result.observation[0]["content"]
+                assert result.reward == 0.0 and result.info["status"] == "completed"
+        finally:
+            await env.close()
+
+    run(go())

@@ -2,6 +2,7 @@
 the loss, a run killed with -9 resumes with no batch lost or seen twice, recipes validate."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -374,6 +375,31 @@ def test_expert_episode_does_not_train_on_its_wrong_edit():
     assert not any(masks[1]) and all(all(m) for k, m in enumerate(masks) if k != 1)
 
 
+def test_warm_start_imitates_the_slipped_fixes_of_a_noisy_expert():
+    from agentrl.models import tiny_tokenizer
+    from agentrl.trainer.setup import expert_episodes, sft_episodes
+
+    cfg = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.miss=1.0"])
+    tokenizer = tiny_tokenizer()
+    (trajectory,) = asyncio.run(expert_episodes(cfg, tokenizer, [cfg.env.train_tasks]))
+    trajectory.validate()
+    # the slipped fix applies (no editor error), fails the tests, and every assistant token is trained on
+    assert trajectory.reward == 0.0 and trajectory.status == "completed" and trajectory.extra["expert_miss"]
+    assert not any(c.get("error") for c in trajectory.tool_calls)
+    spans = [s for s in trajectory.turns if s.role == "assistant"]
+    assert len(spans) == 3 and all(all(trajectory.loss_mask[s.start : s.end]) for s in spans)
+    # the warm start keeps the slipped episodes alongside the solved ones, in order
+    cfg = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.miss=0.5"])
+    episodes = asyncio.run(expert_episodes(cfg, tokenizer, [cfg.env.train_tasks + i for i in range(8)]))
+    kept, slipped = sft_episodes(episodes)
+    assert kept == episodes and 0 < slipped < 8
+    assert slipped == sum(t.reward == 0.0 for t in episodes) == sum(t.extra["expert_miss"] for t in episodes)
+    cut = dataclasses.replace(episodes[0], status="max_turns")
+    assert sft_episodes([cut, *episodes[1:]])[0] == episodes[1:]
+    with pytest.raises(RuntimeError, match="solved none of 1 warm-start episodes"):
+        sft_episodes([dataclasses.replace(episodes[0], reward=0.0, extra={})])
+
+
 def test_bad_train_config_names_the_key(capsys):
     from agentrl.cli import main
 
@@ -382,9 +408,7 @@ def test_bad_train_config_names_the_key(capsys):
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "algo.policy_loss=dpo"]) == 2
     assert "'algo.policy_loss': Input should be 'ppo', 'gspo', 'gmpo' or 'sapo'" in capsys.readouterr().err
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "sft.expert.run_test=false"]) == 2
-    expected = (
-        "sft.expert.run_test: the bugfix-v0 expert takes ['run_tests', 'recover']; did you mean 'run_tests'?"
-    )
+    expected = "sft.expert.run_test: the bugfix-v0 expert takes ['run_tests', 'recover', 'miss']; did you mean 'run_tests'?"
     assert expected in capsys.readouterr().err
 
 

@@ -343,8 +343,9 @@ def decoy_edit(spec: BugfixTask) -> tuple[str, str]:
     return pool[_hash32(spec.id) % len(pool)]
 
 
-def _recovers(spec: BugfixTask, recover: float) -> bool:
-    return _hash32(f"recover/{spec.id}") < recover * 0x100000000
+def _drawn(spec: BugfixTask, what: str, share: float) -> bool:
+    """Whether ``spec`` is among the ``share`` of tasks (chosen by id, separately for each ``what``)."""
+    return _hash32(f"{what}/{spec.id}") < share * 0x100000000
 
 
 # One-token slips on the right fix (operator, comparison, bound, name), tried in this order: the first
@@ -374,10 +375,6 @@ def near_miss_edit(spec: BugfixTask) -> tuple[str, str] | None:
     return _NEAR_MISSES[key]
 
 
-def _misses(spec: BugfixTask, miss: float) -> bool:
-    return _hash32(f"miss/{spec.id}") < miss * 0x100000000 and near_miss_edit(spec) is not None
-
-
 def expert_turns(
     spec: BugfixTask, run_tests: bool = True, recover: float = 0.0, miss: float = 0.0
 ) -> list[list[ToolCall]]:
@@ -405,8 +402,9 @@ def expert_turns(
 
     tests = [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")]
     view = [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")]
-    wrong = [edit(*decoy_edit(spec))] if _recovers(spec, recover) else []
-    right = near_miss_edit(spec) if _misses(spec, miss) else (fix["old"], fix["new"])
+    wrong = [edit(*decoy_edit(spec))] if _drawn(spec, "recover", recover) else []
+    slip = near_miss_edit(spec) if _drawn(spec, "miss", miss) else None
+    right = slip or (fix["old"], fix["new"])
     turns = [tests, view, *wrong, edit(*right), tests, [ToolCall("submit", {}, id="call_0")]]
     return turns if run_tests else [t for t in turns if t is not tests]
 

@@ -10,7 +10,9 @@ Isolation is weaker than the Docker backend's, and this says how:
   exits, everything it started in the background is killed with its PID namespace.
 - Without bubblewrap (``isolation="none"``): a plain subprocess in the workspace directory. It
   can read (not write, when dropped to an unprivileged user) the host's files and reach the
-  network. Background processes survive the command and are killed at ``close()``.
+  network. Background processes survive the command and are killed at ``close()``. ``/tmp`` is
+  the host's, shared by every sandbox: each gets a private temporary directory of its own as
+  ``TMPDIR`` (removed with the workspace), which scratch files of concurrent sandboxes must use.
 
 Limits: where this process may create cgroups (root on a cgroup v1 or v2 host), each sandbox
 gets its own, with a process limit (``processes``) and a memory limit (``memory``) that the OOM
@@ -197,6 +199,7 @@ class LocalSandbox(AsyncStartClose):
         self._bwrap: str | None = None
         self._cgroup: Cgroup | None = None
         self._hidden_cwd = os.getcwd()
+        self._tmpdir: str | None = None
 
     async def start(self) -> None:
         if self._started:
@@ -224,6 +227,10 @@ class LocalSandbox(AsyncStartClose):
             _live_workdirs.add(str(path))
             self._own_workdir = True
         self.workdir = str(path)
+        if not self._bwrap:  # the host's /tmp is shared: each sandbox gets its own TMPDIR
+            _cleanup.on_exit(_remove_live_workdirs)
+            self._tmpdir = tempfile.mkdtemp(prefix="agentrl-tmp-")
+            _live_workdirs.add(self._tmpdir)
         try:
             if cfg.cgroup:
                 self._cgroup = Cgroup.create(cfg.processes, cfg.memory_bytes)
@@ -272,6 +279,8 @@ class LocalSandbox(AsyncStartClose):
             "PYTHONDONTWRITEBYTECODE": "1",  # keeps __pycache__ out of the workspace diff
             "AGENTRL_BASE": self.base_commit or "",
         }
+        if self._tmpdir:
+            env["TMPDIR"] = self._tmpdir
         return {**env, **self.config.env, **(extra or {})}
 
     def _limits(self, timeout: float):
@@ -446,3 +455,6 @@ class LocalSandbox(AsyncStartClose):
         if self._own_workdir and self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             _live_workdirs.discard(self.workdir)
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            _live_workdirs.discard(self._tmpdir)

@@ -275,16 +275,18 @@ class BugfixEnv:
         package = self.spec.package
         if self.grader == "python":
             nonce = secrets.token_hex(8)
-            run = f"python3 -I -c {shlex.quote(_RUNNER)} {nonce} > /tmp/grade.log 2>&1"
+            run = f'python3 -I -c {shlex.quote(_RUNNER)} {nonce} > "$tmp/grade.log" 2>&1'
         else:
             # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
             # has installed, and a start-up without entry-point plugins costs about half as much
-            run = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p no:cacheprovider tests > /tmp/grade.log 2>&1"
+            run = 'PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p no:cacheprovider tests > "$tmp/grade.log" 2>&1'
+        # TMPDIR: where /tmp is shared with other sandboxes (a local one without bubblewrap), its own
         script = (
-            f"( {diff_script(self._base, [package + '/'])} ) > /tmp/agent.patch && "
+            'tmp="${TMPDIR:-/tmp}" && '
+            f'( {diff_script(self._base, [package + "/"])} ) > "$tmp/agent.patch" && '
             f"git reset -q --hard {self._base} && git clean -qffdx && "
-            "{ test ! -s /tmp/agent.patch || git apply /tmp/agent.patch; } && "
-            f"{run}; rc=$?; tail -n 5 /tmp/grade.log; exit $rc"
+            '{ test ! -s "$tmp/agent.patch" || git apply "$tmp/agent.patch"; } && '
+            f'{run}; rc=$?; tail -n 5 "$tmp/grade.log"; exit $rc'
         )
         r = await self.sandbox.exec(script, timeout=120)
         if r.exit_code != 0:

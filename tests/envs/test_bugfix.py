@@ -279,6 +279,33 @@ def test_python_grader_agrees_with_pytest(backend):
         make("bugfix-v0", grader="unittest")
 
 
+@pytest.mark.parametrize("grader", ["python", "pytest"])
+def test_concurrent_grades_in_unisolated_local_sandboxes_keep_their_own_files(grader):
+    """Without bubblewrap the local sandboxes share the host's /tmp: episodes graded at once must not
+    read one another's patch or test log (each right fix earns 1, each unedited task 0)."""
+
+    async def one(task, fix: bool) -> float:
+        env = make("bugfix-v0", sandbox="local", sandbox_config={"isolation": "none"}, grader=grader)
+        try:
+            await env.reset(task)
+            if fix:
+                path = env.spec.fix["path"]
+                source = env.spec.files[path]
+                await env.sandbox.write_file(path, source.replace(env.spec.fix["old"], env.spec.fix["new"]))
+            return await env.grade()
+        finally:
+            await env.close()
+
+    async def go():
+        tasks = make("bugfix-v0").tasks("train", 12)
+        fixes = [i % 3 != 0 for i in range(len(tasks))]
+        rewards = await asyncio.gather(*(one(t, f) for t, f in zip(tasks, fixes, strict=True)))
+        return [float(f) for f in fixes], rewards
+
+    expected, rewards = run(go())
+    assert rewards == expected
+
+
 def test_malformed_calls_no_calls_and_turn_budget():
     async def go():
         env = make("bugfix-v0", sandbox="local", max_turns=3, name_failing_test=False)

@@ -233,6 +233,22 @@ def test_local_refuses_paths_outside_the_workspace():
     run(go())
 
 
+def test_unisolated_local_sandboxes_get_their_own_tmpdir():
+    """Without bubblewrap /tmp is the host's: each sandbox's TMPDIR is its own, and goes at close."""
+
+    async def go():
+        async with sandbox("local", isolation="none") as a, sandbox("local", isolation="none") as b:
+            dirs = [(await sb.exec('echo "$TMPDIR"', timeout=5)).output.strip() for sb in (a, b)]
+            assert dirs[0] != dirs[1] and all(Path(d).is_dir() for d in dirs)
+            for sb, d in zip((a, b), dirs, strict=True):
+                assert not d.startswith(sb.workdir)  # scratch files stay out of the workspace's diff
+                await sb.exec('echo mine > "$TMPDIR/f"', timeout=5)
+            assert (Path(dirs[0]) / "f").read_text() == "mine\n"
+        return dirs
+
+    assert not any(Path(d).exists() for d in run(go()))
+
+
 def test_cancellation_cleans_up(backend):
     async def go():
         async with sandbox(backend) as sb:

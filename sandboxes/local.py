@@ -173,7 +173,7 @@ class LocalConfig:
             raise ValueError(f"timeout must be a positive number of seconds; got {self.timeout!r}")
 
 
-_live_workdirs: set[str] = set()  # workspaces this process made and has not removed yet
+_live_workdirs: set[str] = set()  # workspaces (and TMPDIRs) this process made and has not removed yet
 
 
 def _remove_live_workdirs() -> None:
@@ -433,6 +433,9 @@ class LocalSandbox(AsyncStartClose):
         self._groups.clear()
         if self._cgroup is not None:
             self._cgroup.kill_all()
+        if self._tmpdir:  # the next user starts with an empty TMPDIR, as with a fresh /tmp
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            os.mkdir(self._tmpdir, 0o700)
         result = await self.exec(
             'git reset -q --hard "$AGENTRL_BASE" && git clean -qffdx && [ -z "$(git status --porcelain)" ] && '
             "git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum",

@@ -234,7 +234,7 @@ def test_local_refuses_paths_outside_the_workspace():
 
 
 def test_unisolated_local_sandboxes_get_their_own_tmpdir():
-    """Without bubblewrap /tmp is the host's: each sandbox's TMPDIR is its own, and goes at close."""
+    """Without bubblewrap /tmp is the host's: each sandbox's TMPDIR is its own, emptied by reset, gone at close."""
 
     async def go():
         async with sandbox("local", isolation="none") as a, sandbox("local", isolation="none") as b:
@@ -244,6 +244,7 @@ def test_unisolated_local_sandboxes_get_their_own_tmpdir():
                 assert not d.startswith(sb.workdir)  # scratch files stay out of the workspace's diff
                 await sb.exec('echo mine > "$TMPDIR/f"', timeout=5)
             assert (Path(dirs[0]) / "f").read_text() == "mine\n"
+            assert await a.reset() and list(Path(dirs[0]).iterdir()) == []  # a reused sandbox's is empty
         return dirs
 
     assert not any(Path(d).exists() for d in run(go()))

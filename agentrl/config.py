@@ -111,6 +111,10 @@ class OptimConfig(Section):
     """AdamW's epsilon (actor and critic). Adam moves every weight by about the learning rate
     whatever its gradient's size; a larger epsilon damps the weights whose gradients are smaller
     than it (mostly noise on a small RL batch)."""
+    actor_frozen: list[str] = Field(default_factory=list)
+    """Parts of the policy the actor's updates leave as they are: each entry is a fragment of
+    parameter names (e.g. ``embed_tokens``, the embedding that a tied head shares, or ``layers.0.``).
+    The supervised warm start and the critic still train them. Empty: the actor trains every weight."""
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
     grad_clip: float = Field(1.0, gt=0)

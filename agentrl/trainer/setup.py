@@ -158,6 +158,7 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         critic_lr=o.critic_lr,
         weight_decay=o.weight_decay,
         adam_eps=o.adam_eps,
+        actor_frozen=o.actor_frozen,
         warmup_steps=o.warmup_steps,
         schedule=o.schedule,
         total_steps=iters * o.epochs * o.minibatches,

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.algo import kl_penalty, policy_loss, token_logprobs, value_loss
+from agentrl.config import ConfigError
 from agentrl.trainer.backend import Batch, LossConfig
 
 
@@ -119,6 +120,27 @@ def _packed_inputs(
     return kwargs, spans
 
 
+def _frozen_names(policy: nn.Module, fragments) -> set[str]:
+    """Names of the policy's parameters that contain one of ``fragments`` (the actor leaves them as
+    they are); a fragment that names none of them, or fragments that name all, stop with a message."""
+    names = [n for n, _ in policy.named_parameters()]
+    frozen: set[str] = set()
+    for fragment in fragments:
+        hits = {n for n in names if fragment in n}
+        if not hits:
+            modules = sorted({n.rsplit(".", 1)[0] for n in names if ".layers." not in n})
+            raise ConfigError(
+                f"optim.actor_frozen: {fragment!r} is in no parameter's name; names look like "
+                f"{names[0]!r}, and the modules outside the layers are {modules}"
+            )
+        frozen |= hits
+    if frozen and len(frozen) == len(names):
+        raise ConfigError(
+            f"optim.actor_frozen {list(fragments)} freezes every parameter; the actor would not train"
+        )
+    return frozen
+
+
 class TorchBackend:
     def __init__(
         self,
@@ -142,6 +164,7 @@ class TorchBackend:
         critic: bool = True,
         packing: str = "padded",
         seed: int = 0,
+        actor_frozen: tuple[str, ...] | list[str] = (),
     ):
         self.policy = policy.train()
         self.device = next(policy.parameters()).device
@@ -156,8 +179,12 @@ class TorchBackend:
         self._group = pack if packing == "packed" else bucket
         self.autocast = dtype == "bfloat16"
         self.generator = torch.Generator().manual_seed(seed)
+        self.actor_frozen = _frozen_names(policy, actor_frozen)
         self.actor_opt = torch.optim.AdamW(
-            policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
+            [p for n, p in policy.named_parameters() if n not in self.actor_frozen],
+            lr=actor_lr,
+            weight_decay=weight_decay,
+            eps=adam_eps,
         )
         self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
         # the critic takes critic_epochs / epochs as many steps: its schedule spans them all
@@ -304,9 +331,8 @@ class TorchBackend:
                     (loss * share).backward()
                     for k, v in m.items():
                         metrics[k] = metrics.get(k, 0.0) + v * share
-                metrics["grad_norm"] = float(
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
-                )
+                params = [p for group in opt.param_groups for p in group["params"]]
+                metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
                 opt.step()
                 sched.step()
                 history.append(metrics)
@@ -346,15 +372,22 @@ class TorchBackend:
             return value, metrics
 
         agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
-        history = self._step(
-            self.policy,
-            self.actor_opt,
-            self.actor_sched,
-            batch,
-            loss_fn,
-            self._share(batch, agg),
-            self.epochs,
-        )
+        frozen = [p for n, p in self.policy.named_parameters() if n in self.actor_frozen]
+        for p in frozen:  # no gradient is computed for them, so none is clipped or kept
+            p.requires_grad_(False)
+        try:
+            history = self._step(
+                self.policy,
+                self.actor_opt,
+                self.actor_sched,
+                batch,
+                loss_fn,
+                self._share(batch, agg),
+                self.epochs,
+            )
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
         return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
 
     def train_critic(self, batch: Batch, loss: LossConfig) -> dict[str, float]:

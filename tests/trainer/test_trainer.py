@@ -234,6 +234,30 @@ def test_reset_reference_anchors_the_kl_to_the_current_policy():
     TorchBackend(model, critic=False).reset_reference()  # no reference: nothing to do
 
 
+def test_actor_frozen_leaves_the_named_weights_as_they_are_and_the_rest_trains():
+    import copy
+
+    from agentrl.config import ConfigError
+
+    model, _ = tiny_chat_model(seed=8)
+    before = copy.deepcopy(model.state_dict())
+    backend = TorchBackend(model, actor_lr=1e-2, actor_frozen=["embed_tokens", "layers.0."])
+    batch = synthetic_batch()
+    batch.old_logprobs = backend.logprobs(batch)
+    batch.advantages = torch.where(batch.loss_mask, torch.randn(batch.input_ids.shape), torch.zeros(()))
+    metrics = backend.train_actor(batch, LossConfig())
+    assert metrics["actor/grad_norm"] > 0
+    # the tied head (a state-dict entry, not a parameter of its own) is the embedding: frozen with it
+    frozen = {n for n in before if "embed_tokens" in n or "layers.0." in n} | {"lm_head.weight"}
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]) == (name in frozen), name
+    assert all(p.requires_grad for p in model.parameters())  # the warm start and critic still train them
+    with pytest.raises(ConfigError, match="'embedding' is in no parameter's name"):
+        TorchBackend(model, critic=False, actor_frozen=["embedding"])
+    with pytest.raises(ConfigError, match="freezes every parameter"):
+        TorchBackend(model, critic=False, actor_frozen=["model."])
+
+
 def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
     model, _ = tiny_chat_model(seed=5)
     backend = TorchBackend(

@@ -179,9 +179,10 @@ class TorchBackend:
         self._group = pack if packing == "packed" else bucket
         self.autocast = dtype == "bfloat16"
         self.generator = torch.Generator().manual_seed(seed)
-        self.actor_frozen = _frozen_names(policy, actor_frozen)
+        frozen = _frozen_names(policy, actor_frozen)
+        self.actor_frozen = [p for n, p in policy.named_parameters() if n in frozen]
         self.actor_opt = torch.optim.AdamW(
-            [p for n, p in policy.named_parameters() if n not in self.actor_frozen],
+            [p for n, p in policy.named_parameters() if n not in frozen],
             lr=actor_lr,
             weight_decay=weight_decay,
             eps=adam_eps,
@@ -331,6 +332,8 @@ class TorchBackend:
                     (loss * share).backward()
                     for k, v in m.items():
                         metrics[k] = metrics.get(k, 0.0) + v * share
+                # the optimizer's own weights: one it never steps (frozen for the actor) may still
+                # hold the warm start's last gradient, which is not this update's
                 params = [p for group in opt.param_groups for p in group["params"]]
                 metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
                 opt.step()
@@ -372,8 +375,7 @@ class TorchBackend:
             return value, metrics
 
         agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
-        frozen = [p for n, p in self.policy.named_parameters() if n in self.actor_frozen]
-        for p in frozen:  # no gradient is computed for them, so none is clipped or kept
+        for p in self.actor_frozen:  # no gradient is computed for them, so none is clipped or kept
             p.requires_grad_(False)
         try:
             history = self._step(
@@ -386,7 +388,7 @@ class TorchBackend:
                 self.epochs,
             )
         finally:
-            for p in frozen:
+            for p in self.actor_frozen:
                 p.requires_grad_(True)
         return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
 

@@ -111,6 +111,10 @@ class OptimConfig(Section):
     """AdamW's epsilon (actor and critic). Adam moves every weight by about the learning rate
     whatever its gradient's size; a larger epsilon damps the weights whose gradients are smaller
     than it (mostly noise on a small RL batch)."""
+    actor_optimizer: Literal["adamw", "sgd"] = "adamw"
+    """The actor's optimizer. ``sgd`` (plain, no momentum; ``actor_lr`` then scales the gradient
+    itself) moves each weight in proportion to its gradient, where AdamW moves every weight by about
+    the learning rate; the critic and the warm start use AdamW either way."""
     actor_frozen: list[str] = Field(default_factory=list)
     """Parts of the policy the actor's updates leave as they are: each entry is a fragment of
     parameter names (e.g. ``embed_tokens``, the embedding that a tied head shares, or ``layers.0.``).
@@ -140,6 +144,12 @@ class SFTConfig(Section):
     lr: float = Field(1e-3, gt=0)
     batch_size: int = Field(8, ge=1)
     """Episodes per optimizer step."""
+    critic_epochs: int = Field(0, ge=0)
+    """Epochs the value model trains on the warm start's expert episodes before RL, against their
+    returns as the loop computes them (``algo.gamma``, ``algo.lam``; with both 1, the episode's reward
+    at every trainable token), so that its first values can tell a right fix from a slipped one
+    (``expert.miss``). 0: the critic starts from the warm-started policy with a zero head. Needs
+    ``algo.estimator: gae``."""
     expert: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment's scripted expert (bugfix-v0: ``run_tests``, ``recover``,
     ``miss``: the share of episodes whose fix has a slip and fails, imitated all the same)."""
@@ -176,6 +186,16 @@ class TrainConfig(Section):
         if self.algo.estimator in ("grpo", "rloo") and self.rollout.n_samples < 2:
             raise ValueError(
                 f"estimator {self.algo.estimator} needs rollout.n_samples >= 2 (a group baseline)"
+            )
+        if self.sft.critic_epochs and self.algo.estimator != "gae":
+            raise ValueError(
+                f"sft.critic_epochs={self.sft.critic_epochs} trains a value model that estimator "
+                f"{self.algo.estimator} does not use; set algo.estimator=gae or sft.critic_epochs=0"
+            )
+        if self.sft.critic_epochs and not self.sft.episodes:
+            raise ValueError(
+                f"sft.critic_epochs={self.sft.critic_epochs} trains the critic on the warm start's "
+                "expert episodes, and sft.episodes is 0; set sft.episodes > 0 or sft.critic_epochs=0"
             )
         return self
 

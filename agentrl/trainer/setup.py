@@ -159,6 +159,7 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         weight_decay=o.weight_decay,
         adam_eps=o.adam_eps,
         actor_frozen=o.actor_frozen,
+        actor_optimizer=o.actor_optimizer,
         warmup_steps=o.warmup_steps,
         schedule=o.schedule,
         total_steps=iters * o.epochs * o.minibatches,
@@ -280,6 +281,7 @@ async def warm_start(run: Run) -> None:
     losses = run.backend.train_sft(batch, epochs=cfg.sft.epochs, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size)
     run.backend.reset_critic()  # the value model starts from the warm-started weights, as with model.init
     run.backend.reset_reference()  # and so does the KL's reference (algo.kl_coef > 0)
+    critic = pretrain_critic(run, batch) if cfg.sft.critic_epochs else {}
     await run.engine.update_weights(run.backend.engine_state_dict())
     torch.save(run.backend.engine_state_dict(), cfg.run_dir / "warm_start.pt")  # model.init= to reuse it
     run.state["sft"] = {
@@ -287,11 +289,34 @@ async def warm_start(run: Run) -> None:
         "slipped": slipped,
         "loss_first": losses[0],
         "loss_last": losses[-1],
-    }
+    } | critic
     run.log(
         f"warm start: {len(kept)} expert episodes ({slipped} with a slipped fix), "
         f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        + (
+            f"; critic explained variance {critic['critic_ev_first']:.2f} -> {critic['critic_ev_last']:.2f}"
+            if critic
+            else ""
+        )
     )
+
+
+def pretrain_critic(run: Run, batch: Batch) -> dict[str, float]:
+    """``sft.critic_epochs`` critic epochs on the warm start's expert episodes (``sft.batch_size`` of them
+    per step), against the returns the loop's GAE gives them. Returns the explained variance of those
+    returns by the values before the first epoch and after the last."""
+    cfg = run.cfg
+    evs = []
+    for _ in range(cfg.sft.critic_epochs):
+        batch.old_values = run.backend.values(batch)
+        batch.advantages, batch.returns, metrics = advantages(batch, cfg.algo)
+        evs.append(metrics["critic/explained_var_before"])
+        run.backend.train_critic(
+            batch, loss_config(cfg), epochs=1, minibatches=max(1, batch.size // cfg.sft.batch_size)
+        )
+    values = run.backend.values(batch)
+    evs.append(explained_variance(values, batch.returns, batch.loss_mask))
+    return {"critic_epochs": cfg.sft.critic_epochs, "critic_ev_first": evs[0], "critic_ev_last": evs[-1]}
 
 
 def _expert_texts(cfg: TrainConfig):

@@ -165,6 +165,7 @@ class TorchBackend:
         packing: str = "padded",
         seed: int = 0,
         actor_frozen: tuple[str, ...] | list[str] = (),
+        actor_optimizer: str = "adamw",
     ):
         self.policy = policy.train()
         self.device = next(policy.parameters()).device
@@ -181,12 +182,13 @@ class TorchBackend:
         self.generator = torch.Generator().manual_seed(seed)
         frozen = _frozen_names(policy, actor_frozen)
         self.actor_frozen = [p for n, p in policy.named_parameters() if n in frozen]
-        self.actor_opt = torch.optim.AdamW(
-            [p for n, p in policy.named_parameters() if n not in frozen],
-            lr=actor_lr,
-            weight_decay=weight_decay,
-            eps=adam_eps,
-        )
+        trained = [p for n, p in policy.named_parameters() if n not in frozen]
+        if actor_optimizer == "adamw":
+            self.actor_opt = torch.optim.AdamW(trained, lr=actor_lr, weight_decay=weight_decay, eps=adam_eps)
+        elif actor_optimizer == "sgd":
+            self.actor_opt = torch.optim.SGD(trained, lr=actor_lr, weight_decay=weight_decay)
+        else:
+            raise ValueError(f"actor_optimizer must be 'adamw' or 'sgd'; got {actor_optimizer!r}")
         self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
         # the critic takes critic_epochs / epochs as many steps: its schedule spans them all
         critic_total = max(1, total_steps * self.critic_epochs // epochs)
@@ -392,7 +394,11 @@ class TorchBackend:
                 p.requires_grad_(True)
         return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
 
-    def train_critic(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
+    def train_critic(
+        self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
+    ) -> dict[str, float]:
+        """Value regression on the batch: ``epochs`` passes (default: the backend's ``critic_epochs``) of
+        ``minibatches`` optimizer steps each (default: the backend's)."""
         device = self.device
 
         def loss_fn(micro: list[int]):
@@ -408,15 +414,21 @@ class TorchBackend:
             metrics["value_loss"] = float(value.detach())
             return value, metrics
 
-        history = self._step(
-            self.critic,
-            self.critic_opt,
-            self.critic_sched,
-            batch,
-            loss_fn,
-            self._share(batch, "token-mean"),
-            self.critic_epochs,
-        )
+        steps = self.minibatches
+        if minibatches is not None:
+            self.minibatches = minibatches
+        try:
+            history = self._step(
+                self.critic,
+                self.critic_opt,
+                self.critic_sched,
+                batch,
+                loss_fn,
+                self._share(batch, "token-mean"),
+                self.critic_epochs if epochs is None else epochs,
+            )
+        finally:
+            self.minibatches = steps
         return _mean(history, prefix="critic/")
 
     def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:

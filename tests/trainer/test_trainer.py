@@ -258,6 +258,41 @@ def test_actor_frozen_leaves_the_named_weights_as_they_are_and_the_rest_trains()
         TorchBackend(model, critic=False, actor_frozen=["model."])
 
 
+def test_sgd_actor_moves_each_weight_by_the_learning_rate_times_its_gradient():
+    import copy
+
+    model, _ = tiny_chat_model(seed=9)
+    before = copy.deepcopy(dict(model.named_parameters()))
+    backend = TorchBackend(model, actor_lr=0.5, actor_optimizer="sgd", critic=False)
+    assert isinstance(backend.actor_opt, torch.optim.SGD)
+    grads = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    # the gradient the step uses: after clipping, as the optimizer sees it
+    backend.actor_opt.register_step_pre_hook(
+        lambda opt, *_: grads.update(
+            {
+                names[id(p)]: p.grad.clone()
+                for g in opt.param_groups
+                for p in g["params"]
+                if p.grad is not None
+            }
+        )
+    )
+    batch = synthetic_batch()
+    batch.old_logprobs = backend.logprobs(batch)
+    batch.advantages = torch.where(batch.loss_mask, torch.randn(batch.input_ids.shape), torch.zeros(()))
+    backend.train_actor(batch, LossConfig())
+    moved = 0
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(
+            p.detach() - before[name].detach(), -0.5 * grads[name], atol=1e-6, rtol=1e-4
+        )
+        moved += int((grads[name] != 0).any())
+    assert moved > 0
+    with pytest.raises(ValueError, match="actor_optimizer must be 'adamw' or 'sgd'; got 'adam'"):
+        TorchBackend(model, actor_optimizer="adam", critic=False)
+
+
 def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
     model, _ = tiny_chat_model(seed=5)
     backend = TorchBackend(
@@ -281,6 +316,55 @@ def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
     backend = TorchBackend(model, epochs=1, minibatches=3, schedule="cosine", total_steps=6, critic_lr=1e-3)
     backend.train_critic(batch, LossConfig(value_clip=None))
     assert backend.critic_sched.get_last_lr()[0] == pytest.approx(5e-4)  # default: the actor's epochs
+
+
+def test_pretrained_critic_fits_the_expert_episodes_returns_where_a_zero_head_explains_none():
+    """sft.critic_epochs: the value model regresses on the warm start's episodes, whose return turns on
+    one token (the right fix or the slip), before RL; a bad combination stops with a message."""
+    from types import SimpleNamespace
+
+    from agentrl.config import ConfigError
+    from agentrl.trainer.setup import pretrain_critic
+
+    g = torch.Generator().manual_seed(0)
+    trajectories = []
+    for i in range(16):
+        ids = torch.randint(3, 700, (20,), generator=g).tolist()
+        ids[12] = 41 + i % 2  # the "fix": token 42 solves the task, token 41 is the slip
+        mask = [0] * 4 + [1] * 16
+        turns = [TurnSpan(0, 4, "prompt"), TurnSpan(4, 20, "assistant")]
+        trajectories.append(Trajectory(ids, mask, [0.0] * 20, turns, reward=float(i % 2)))
+    batch = Batch.from_trajectories(trajectories)
+    model, _ = tiny_chat_model(seed=6)
+    cfg = load_config(
+        TrainConfig,
+        None,
+        ["sft.episodes=16", "sft.critic_epochs=10", "sft.batch_size=4", "metrics.progress=false"],
+    )
+    backend = TorchBackend(model, critic_lr=3e-3, minibatches=2)
+    result = pretrain_critic(SimpleNamespace(cfg=cfg, backend=backend), batch)
+    assert result["critic_ev_first"] == pytest.approx(0.0, abs=1e-6)  # a zero head: every value 0
+    assert result["critic_ev_last"] > 0.5, result
+    assert steps_taken(backend.critic_opt) == 10 * 4 and backend.minibatches == 2  # 16 episodes / 4 a step
+    values = backend.values(batch)
+    after = values[:, 13:].mean(1)  # past the fix the critic knows the outcome
+    assert float(after[1::2].mean() - after[0::2].mean()) > 0.5
+    for bad, message in (
+        (
+            ["sft.critic_epochs=2"],
+            "sft.critic_epochs=2 trains the critic on the warm start's expert episodes",
+        ),
+        (
+            ["sft.episodes=8", "sft.critic_epochs=2", "algo.estimator=grpo"],
+            "estimator grpo does not use; set algo.estimator=gae or sft.critic_epochs=0",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(TrainConfig, None, bad)
+
+
+def steps_taken(opt) -> int:
+    return max(int(s["step"]) for s in opt.state.values())
 
 
 def test_recipes_all_validate():

@@ -218,6 +218,8 @@ def _closest_key_message(error: dict, model: type[BaseModel]) -> str:
         close = difflib.get_close_matches(loc[-1], valid, n=1)
         hint = f" Did you mean '{'.'.join([*loc[:-1], close[0]])}'?" if close else ""
         return f"unknown key '{where}'.{hint} Valid keys here: {', '.join(valid)}."
+    if not loc and error["type"] == "value_error":  # a check across sections: its message says it all
+        return str(error["msg"]).removeprefix("Value error, ").rstrip(".") + "."
     return f"'{where}': {error['msg']} (got {error.get('input')!r})."
 
 

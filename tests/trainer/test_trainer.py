@@ -518,6 +518,13 @@ def test_bad_train_config_names_the_key(capsys):
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "sft.expert.run_test=false"]) == 2
     expected = "sft.expert.run_test: the bugfix-v0 expert takes ['run_tests', 'recover', 'miss']; did you mean 'run_tests'?"
     assert expected in capsys.readouterr().err
+    # a check across sections names the settings and the way out, without echoing the whole config
+    assert (
+        main(["train", str(ROOT / "recipes/quickstart.yaml"), "algo.estimator=grpo", "rollout.n_samples=1"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "estimator grpo needs rollout.n_samples >= 2 (a group baseline)." in err and "'run'" not in err
 
 
 RESUMABLE = """

@@ -37,15 +37,30 @@ class DyingSandboxEnv(BugfixEnv):
 
 
 class FaultyEngine:
-    """Fails every request of the episodes whose task text is in ``poisoned``."""
+    """Fails every request of the episodes whose task text is in ``poisoned``. The first requests wait
+    at a gate until ``gather`` of them are in flight (or ``gather_s`` has passed): sandboxes that start
+    one after another (Docker on 2 cores) would otherwise hand the engine their first turns one by one,
+    and whether any two met in one batch would be down to timing. The gate opens early only if the
+    pool really runs that many episodes at once."""
 
-    def __init__(self, inner, tokenizer, poisoned):
+    def __init__(self, inner, tokenizer, poisoned, gather=16, gather_s=60.0):
         self.inner, self.tok, self.poisoned = inner, tokenizer, poisoned
+        self.gather, self.gather_s, self.waiting, self.gate = gather, gather_s, 0, None
 
     async def generate(self, input_ids, params):
         text = self.tok.decode(input_ids[:1500])
         if any(p in text for p in self.poisoned):
             raise RuntimeError("injected engine fault")
+        if self.gate is None:
+            self.gate = asyncio.Event()
+        if not self.gate.is_set():
+            self.waiting += 1
+            if self.waiting >= self.gather:
+                self.gate.set()
+            try:
+                await asyncio.wait_for(self.gate.wait(), self.gather_s)
+            except TimeoutError:
+                self.gate.set()
         return await self.inner.generate(input_ids, params)
 
     async def update_weights(self, *a, **k):

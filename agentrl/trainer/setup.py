@@ -306,17 +306,16 @@ def pretrain_critic(run: Run, batch: Batch) -> dict[str, float]:
     per step), against the returns the loop's GAE gives them. Returns the explained variance of those
     returns by the values before the first epoch and after the last."""
     cfg = run.cfg
-    evs = []
-    for _ in range(cfg.sft.critic_epochs):
+    first = None
+    for _ in range(cfg.sft.critic_epochs):  # targets re-derived each epoch, as each RL batch's are
         batch.old_values = run.backend.values(batch)
         batch.advantages, batch.returns, metrics = advantages(batch, cfg.algo)
-        evs.append(metrics["critic/explained_var_before"])
+        first = metrics["critic/explained_var_before"] if first is None else first
         run.backend.train_critic(
             batch, loss_config(cfg), epochs=1, minibatches=max(1, batch.size // cfg.sft.batch_size)
         )
-    values = run.backend.values(batch)
-    evs.append(explained_variance(values, batch.returns, batch.loss_mask))
-    return {"critic_epochs": cfg.sft.critic_epochs, "critic_ev_first": evs[0], "critic_ev_last": evs[-1]}
+    last = explained_variance(run.backend.values(batch), batch.returns, batch.loss_mask)
+    return {"critic_epochs": cfg.sft.critic_epochs, "critic_ev_first": first, "critic_ev_last": last}
 
 
 def _expert_texts(cfg: TrainConfig):

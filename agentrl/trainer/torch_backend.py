@@ -308,19 +308,20 @@ class TorchBackend:
         return self._all(lambda rows: self._row_values(batch, rows), batch)
 
     # -- updates --
-    def _minibatches(self, batch: Batch) -> list[list[int]]:
+    def _minibatches(self, batch: Batch, minibatches: int) -> list[list[int]]:
         order = torch.randperm(batch.size, generator=self.generator).tolist()
-        n = max(1, min(self.minibatches, batch.size))
+        n = max(1, min(minibatches, batch.size))
         return [order[i::n] for i in range(n)]
 
     def _step(
-        self, model, opt, sched, batch: Batch, loss_fn, share_fn, epochs: int
+        self, model, opt, sched, batch: Batch, loss_fn, share_fn, epochs: int, minibatches: int
     ) -> list[dict[str, float]]:
+        """``epochs`` passes over the batch, ``minibatches`` optimizer steps each."""
         history = []
         lengths = batch.lengths.tolist()
         trainable = batch.loss_mask.any(1).tolist()
         for _ in range(epochs):
-            for rows in self._minibatches(batch):
+            for rows in self._minibatches(batch, minibatches):
                 opt.zero_grad(set_to_none=True)
                 total = share_fn(rows)
                 metrics: dict[str, float] = {}
@@ -388,6 +389,7 @@ class TorchBackend:
                 loss_fn,
                 self._share(batch, agg),
                 self.epochs,
+                self.minibatches,
             )
         finally:
             for p in self.actor_frozen:
@@ -414,21 +416,16 @@ class TorchBackend:
             metrics["value_loss"] = float(value.detach())
             return value, metrics
 
-        steps = self.minibatches
-        if minibatches is not None:
-            self.minibatches = minibatches
-        try:
-            history = self._step(
-                self.critic,
-                self.critic_opt,
-                self.critic_sched,
-                batch,
-                loss_fn,
-                self._share(batch, "token-mean"),
-                self.critic_epochs if epochs is None else epochs,
-            )
-        finally:
-            self.minibatches = steps
+        history = self._step(
+            self.critic,
+            self.critic_opt,
+            self.critic_sched,
+            batch,
+            loss_fn,
+            self._share(batch, "token-mean"),
+            self.critic_epochs if epochs is None else epochs,
+            self.minibatches if minibatches is None else minibatches,
+        )
         return _mean(history, prefix="critic/")
 
     def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
@@ -444,15 +441,12 @@ class TorchBackend:
             value = -(logp * mask).sum() / mask.sum().clamp(min=1)
             return value, {"sft_loss": float(value.detach())}
 
-        steps, self.minibatches = self.minibatches, max(1, batch.size // batch_size)
-        try:
-            for _ in range(epochs):
-                history = self._step(
-                    self.policy, opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1
-                )
-                losses.append(_mean(history)["sft_loss"])
-        finally:
-            self.minibatches = steps
+        steps = max(1, batch.size // batch_size)
+        for _ in range(epochs):
+            history = self._step(
+                self.policy, opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1, steps
+            )
+            losses.append(_mean(history)["sft_loss"])
         return losses
 
     # -- weights and checkpoints --

@@ -258,6 +258,10 @@ def test_actor_frozen_leaves_the_named_weights_as_they_are_and_the_rest_trains()
         TorchBackend(model, critic=False, actor_frozen=["model."])
 
 
+def steps_taken(opt) -> int:
+    return max(int(s["step"]) for s in opt.state.values())
+
+
 def test_sgd_actor_moves_each_weight_by_the_learning_rate_times_its_gradient():
     import copy
 
@@ -306,10 +310,7 @@ def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
     backend.train_critic(batch, LossConfig(value_clip=None))
     backend.train_actor(batch, LossConfig())
 
-    def steps(opt):
-        return max(int(s["step"]) for s in opt.state.values())
-
-    assert (steps(backend.critic_opt), steps(backend.actor_opt)) == (9, 3)
+    assert (steps_taken(backend.critic_opt), steps_taken(backend.actor_opt)) == (9, 3)
     # both cosine schedules end together, the critic's after its 9 steps, the actor's after its 3
     assert backend.critic_sched.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
     assert backend.actor_sched.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
@@ -361,10 +362,6 @@ def test_pretrained_critic_fits_the_expert_episodes_returns_where_a_zero_head_ex
     ):
         with pytest.raises(ConfigError, match=message):
             load_config(TrainConfig, None, bad)
-
-
-def steps_taken(opt) -> int:
-    return max(int(s["step"]) for s in opt.state.values())
 
 
 def test_recipes_all_validate():

@@ -69,6 +69,9 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(256, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    """Sample only among the k likeliest tokens; -1 (or 0) turns it off. Log-probs stay those of the
+    temperature-scaled distribution before top-k / top-p (SGLang's definition), so training recomputes them."""
     tool_format: Literal["hermes", "glm"] = "hermes"
     deadline_s: float = Field(600.0, gt=0)
 

@@ -104,6 +104,7 @@ def loop_config(cfg: TrainConfig, *, greedy: bool = False) -> LoopConfig:
         max_new_tokens=r.max_new_tokens,
         temperature=0.0 if greedy else r.temperature,
         top_p=r.top_p,
+        top_k=r.top_k,
         tool_format=r.tool_format,
         deadline_s=r.deadline_s,
         seed=None if greedy else cfg.run.seed,

@@ -524,6 +524,18 @@ def test_bad_train_config_names_the_key(capsys):
     assert "estimator grpo needs rollout.n_samples >= 2 (a group baseline)." in err and "'run'" not in err
 
 
+def test_rollout_sampling_settings_reach_the_agent_loop_and_evaluation_is_greedy():
+    from agentrl.trainer.setup import loop_config
+
+    cfg = load_config(
+        TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["rollout.top_k=3", "rollout.top_p=0.8"]
+    )
+    sampled = loop_config(cfg)
+    assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.seed) == (0.5, 0.8, 3, 0)
+    greedy = loop_config(cfg, greedy=True)
+    assert greedy.temperature == 0.0 and greedy.seed is None
+
+
 RESUMABLE = """
 import sys
 from agentrl.env import register

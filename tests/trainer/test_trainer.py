@@ -468,7 +468,9 @@ def test_expert_episode_does_not_train_on_its_wrong_edit():
     from agentrl.models import tiny_tokenizer
     from agentrl.trainer.setup import expert_episodes
 
-    cfg = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.recover=1.0"])
+    cfg = load_config(
+        TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.recover=1.0", "sft.expert.miss=0"]
+    )
     tokenizer = tiny_tokenizer()
     (trajectory,) = asyncio.run(expert_episodes(cfg, tokenizer, [cfg.env.train_tasks]))
     trajectory.validate()

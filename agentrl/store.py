@@ -1,22 +1,48 @@
 """A crash-safe, append-only store of trajectories: sharded, gzip-compressed JSON lines.
 
-Layout: ``PATH/<writer>-<NNNNN>.jsonl.gz``. Each record is one JSON line compressed as its own
-gzip member and written with a single ``write``; concatenated members are a valid gzip file, so
-``datasets.load_dataset("json", data_files=f"{PATH}/*.jsonl.gz")`` reads a store directly (its
-JSON reader parses floats to about 10 significant digits; ``TrajectoryStore.read`` is exact).
-
-Crash safety: a process killed while writing (``kill -9``, power loss after the page cache)
-leaves at most one partial member at the end of the shard it was writing. Readers skip it; a
-writer opening the store cuts it off before appending, so every earlier record reads back and
-the shard stays readable by ``datasets``. One writer per ``writer`` name at a time (a lock file
+Layout: ``PATH/<writer>-<NNNNN>.jsonl.gz``. Each record is one JSON object on one line,
+compressed as its own gzip member and written with a single ``write``; concatenated members are
+a valid gzip file, so ``datasets.load_dataset("json", data_files=f"{PATH}/*.jsonl.gz")`` reads a
+store directly (its JSON reader parses floats to about 10 significant digits;
+``TrajectoryStore.read`` is exact). One writer per ``writer`` name at a time (a lock file
 enforces it); run several writers under different names.
+
+Damage, and what happens to it. A record is intact when its gzip member decompresses with a
+correct CRC and length, ends in a newline, and holds a JSON object. Anything else is damage:
+bytes that are not a gzip member, a member cut short, a member that fails to decompress, a
+member whose text is not JSON or not an object. No data is ever deleted.
+
+- Reading (``records``, ``read``, ``len``) never raises on damage. It skips a damaged stretch
+  with a warning on this module's logger naming the shard and the byte offset, then resumes at
+  the next intact gzip member: it searches for the gzip magic from the damaged offset + 1 and
+  tries a whole member there (a magic that is really compressed data fails, and the search goes
+  on). Every intact record after the damage is read. ``read`` also skips, with a warning, an
+  intact JSON object that is not a trajectory.
+- A writer opening the store checks only its own last shard, the one it would append to:
+
+  - damage at the end only (a record cut short by a crash, the normal case, or any damaged
+    bytes after the last intact record): the damaged bytes are copied to ``<shard>.corrupt``
+    (``.corrupt.1``, ``.corrupt.2``, ... when that exists), synced, and only then cut off the
+    shard, which ends at its last intact record again; appends follow it, so ``datasets``
+    still reads the shard. A crash between the copy and the cut leaves the bytes in both.
+  - damage with intact records after it: the shard is left exactly as it is (a damaged end
+    included) and the writer starts the next shard. Readers skip the damage there; ``datasets``
+    cannot read that shard (it needs an unbroken gzip stream), so rename it out of the
+    ``*.jsonl.gz`` glob before loading the store with ``datasets``.
+
+  Earlier shards are never written again. ``.corrupt`` files do not match ``*.jsonl.gz``.
+
+Reading decompresses one member at a time, in chunks, so memory holds a shard's bytes and one
+record, never a shard's records all at once.
 """
 
 from __future__ import annotations
 
 import fcntl
 import gzip
+import itertools
 import json
+import logging
 import os
 import zlib
 from collections.abc import Callable, Iterator
@@ -24,32 +50,81 @@ from pathlib import Path
 
 from agentrl.trajectory import Trajectory
 
+logger = logging.getLogger(__name__)
 
-def _members(data: bytes, chunk: int = 1 << 16) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(end offset, decompressed bytes)`` for each complete gzip member of ``data``."""
-    view, offset, n = memoryview(data), 0, len(data)
+_GZIP_MAGIC = b"\x1f\x8b\x08"  # ID1, ID2, CM=deflate: how every member this store writes begins
+
+
+def _inflate(view: memoryview, start: int, chunk: int = 1 << 16) -> tuple[int, bytes] | str:
+    """Decompress the gzip member at ``start``: ``(end offset, its bytes)``, or why it is not one."""
+    d = zlib.decompressobj(wbits=31)
+    parts, pos, n = [], start, len(view)
+    try:
+        while not d.eof and pos < n:  # fed in chunks so unused_data stays small
+            piece = view[pos : pos + chunk]
+            parts.append(d.decompress(piece))
+            pos += len(piece)
+    except zlib.error as e:
+        return f"not a valid gzip member: {e}"
+    if not d.eof:
+        return "a gzip member cut short by the end of the file: a crash, or a write in progress"
+    return pos - len(d.unused_data), b"".join(parts)
+
+
+def _parse(text: bytes) -> dict | str:
+    """The record in one member's text, or why it is not one."""
+    if not text.endswith(b"\n"):
+        return "a gzip member whose text does not end in a newline"
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as e:  # ValueError covers bad UTF-8 and bad JSON
+        return f"a gzip member whose text is not valid JSON: {e}"
+    if not isinstance(record, dict):
+        return f"a gzip member holding a JSON {type(record).__name__}, not an object"
+    return record
+
+
+def _scan(data: bytes) -> Iterator[tuple[int, int, dict | str]]:
+    """Split a shard into ``(start, end, record or why that stretch is damaged)``, covering every byte."""
+    view, n, offset = memoryview(data), len(data), 0
     while offset < n:
-        d = zlib.decompressobj(wbits=31)
-        parts, pos = [], offset
+        member = _inflate(view, offset)
+        if isinstance(member, tuple):
+            end, text = member
+            yield offset, end, _parse(text)
+            offset = end
+            continue
+        resume = data.find(_GZIP_MAGIC, offset + 1)
+        while resume != -1 and not isinstance(_inflate(view, resume), tuple):
+            resume = data.find(_GZIP_MAGIC, resume + 1)
+        resume = n if resume == -1 else resume
+        yield offset, resume, member
+        offset = resume
+
+
+def _resumes(end: int, n: int) -> str:
+    return "they run to the end of the file" if end == n else f"reading resumes at offset {end}"
+
+
+def _next_shard(shard: Path) -> Path:
+    writer, rest = shard.name.rsplit("-", 1)
+    return shard.with_name(f"{writer}-{int(rest.split('.')[0]) + 1:05d}.jsonl.gz")
+
+
+def _set_aside(shard: Path, data: bytes, start: int) -> Path:
+    """Copy ``data[start:]`` to a new ``<shard>.corrupt[.N]``, durably, then cut it off the shard."""
+    for i in itertools.count():
+        target = shard.with_name(f"{shard.name}.corrupt" + (f".{i}" if i else ""))
         try:
-            while not d.eof and pos < n:  # fed in chunks so unused_data stays small
-                piece = view[pos : pos + chunk]
-                parts.append(d.decompress(piece))
-                pos += len(piece)
-        except zlib.error:
-            return
-        if not d.eof:
-            return  # a member cut short by a crash
-        end = pos - len(d.unused_data)
-        yield end, b"".join(parts)
-        offset = end
-
-
-def _complete_records(data: bytes) -> Iterator[tuple[int, bytes]]:
-    for end, out in _members(data):
-        if not out.endswith(b"\n"):
-            return
-        yield end, out
+            with open(target, "xb") as f:  # exclusive: an earlier set-aside is never overwritten
+                f.write(memoryview(data)[start:])
+                f.flush()
+                os.fsync(f.fileno())
+        except FileExistsError:
+            continue
+        break
+    os.truncate(shard, start)
+    return target
 
 
 class TrajectoryStore:
@@ -91,18 +166,50 @@ class TrajectoryStore:
         shards = self._shards(self.writer)
         shard = shards[-1] if shards else self.path / f"{self.writer}-00000.jsonl.gz"
         if shard.exists():
-            data = shard.read_bytes()
-            good = max((end for end, _ in _complete_records(data)), default=0)
-            if good != len(data):  # a record cut short by a crash: drop it so appends stay readable
-                os.truncate(shard, good)
+            shard = self._repair(shard)
         self._shard = shard
         self._fd = os.open(shard, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size
 
+    def _repair(self, shard: Path) -> Path:
+        """Make the last shard safe to append to (see the module docstring); the shard to append to."""
+        data = shard.read_bytes()
+        intact_end, damage = 0, []
+        for start, end, record in _scan(data):
+            if isinstance(record, dict):
+                intact_end = end
+            else:
+                damage.append((start, end, record))
+        inner = [d for d in damage if d[0] < intact_end]
+        if inner:
+            new = _next_shard(shard)
+            where = "; ".join(f"offset {s} ({e - s} bytes, {why})" for s, e, why in inner[:3])
+            where += f"; and {len(inner) - 3} more" if len(inner) > 3 else ""
+            logger.warning(
+                "%s has damaged bytes before intact records, at %s; leaving it as it is (reading "
+                "skips the damage, datasets.load_dataset cannot read this shard) and appending to %s",
+                shard,
+                where,
+                new,
+            )
+            return new
+        if intact_end < len(data):
+            target = _set_aside(shard, data, intact_end)
+            logger.warning(
+                "%s: %d bytes from offset %d to the end are not intact records (%s); moved them to %s "
+                "and cut the shard back to %d bytes, so appends stay readable",
+                shard,
+                len(data) - intact_end,
+                intact_end,
+                damage[0][2],
+                target,
+                intact_end,
+            )
+        return shard
+
     def _rotate(self) -> None:
         os.close(self._fd)
-        index = int(self._shard.name.rsplit("-", 1)[1].split(".")[0]) + 1
-        self._shard = self.path / f"{self.writer}-{index:05d}.jsonl.gz"
+        self._shard = _next_shard(self._shard)
         self._fd = os.open(self._shard, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
         self._size = 0
 
@@ -140,21 +247,42 @@ class TrajectoryStore:
         self.close()
 
     # -- reading --
-    def records(self) -> Iterator[dict]:
-        """Every complete record, shard by shard, without loading a shard's records all at once."""
+    def _located_records(self) -> Iterator[tuple[Path, int, dict]]:
         for shard in self._shards():
             data = shard.read_bytes()
-            for _, out in _complete_records(data):
-                yield json.loads(out)
+            for start, end, record in _scan(data):
+                if isinstance(record, dict):
+                    yield shard, start, record
+                else:
+                    logger.warning(
+                        "%s: skipped %d damaged bytes at offset %d (%s), left in the file; %s",
+                        shard,
+                        end - start,
+                        start,
+                        record,
+                        _resumes(end, len(data)),
+                    )
+
+    def records(self) -> Iterator[dict]:
+        """Every intact record, shard by shard; damaged bytes are skipped with a warning."""
+        for _, _, record in self._located_records():
+            yield record
 
     def read(self, filter: Callable[[Trajectory], bool] | None = None) -> Iterator[Trajectory]:
-        """Iterate stored trajectories (those for which ``filter`` is true)."""
-        for record in self.records():
-            trajectory = Trajectory.from_record(record)
+        """Iterate stored trajectories (those for which ``filter`` is true); skips records that are not one."""
+        for shard, start, record in self._located_records():
+            try:
+                trajectory = Trajectory.from_record(record)
+            except (ValueError, TypeError) as e:  # TrajectoryError is a ValueError
+                logger.warning(
+                    "%s: skipped the record at offset %d, which is not a trajectory: %s", shard, start, e
+                )
+                continue
             if filter is None or filter(trajectory):
                 yield trajectory
 
     def __len__(self) -> int:
+        """The number of intact records (``read`` may yield fewer: it also skips non-trajectories)."""
         return sum(1 for _ in self.records())
 
     @property

@@ -1,10 +1,13 @@
+import glob
 import gzip
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +171,210 @@ def test_one_writer_per_name(tmp_path):
     a.close()
     c.close()
     assert sorted(t.seed for t in TrajectoryStore(tmp_path / "s").read()) == [0, 2]
+
+
+# -- damaged shards: every intact record survives reading and a later append; no byte is deleted --
+
+
+def eight_record_shard(path):
+    """A store at ``path`` holding seeds 0-7 in one shard: (shard, its bytes, each member's start)."""
+    starts = []
+    with TrajectoryStore(path) as store:
+        for i in range(8):
+            starts.append(0 if i == 0 else (path / "w0-00000.jsonl.gz").stat().st_size)
+            store.append(sample(i))
+    shard = path / "w0-00000.jsonl.gz"
+    return shard, shard.read_bytes(), starts
+
+
+def set_aside_files(shard):
+    return sorted(shard.parent.glob(shard.name + ".corrupt*"))
+
+
+def assert_nothing_deleted(shard, original):
+    """The shard still starts with the original bytes, bar a tail that now sits whole in a .corrupt file."""
+    aside = set_aside_files(shard)
+    assert len(aside) <= 1
+    moved = aside[0].read_bytes() if aside else b""
+    cut = len(original) - len(moved)
+    assert original[cut:] == moved
+    assert shard.read_bytes().startswith(original[:cut])
+
+
+def store_messages(caplog):
+    messages = [r.getMessage() for r in caplog.records if r.name == "agentrl.store"]
+    caplog.clear()
+    return messages
+
+
+def read_then_append_two(path, original, want, caplog):
+    """Read the damaged store, append seeds 100 and 101, read again; returns the writer's warnings."""
+    shard = path / "w0-00000.jsonl.gz"
+    with caplog.at_level(logging.WARNING, logger="agentrl.store"):
+        caplog.clear()
+        assert list(TrajectoryStore(path).read()) == [sample(i) for i in want]
+        read_warnings = store_messages(caplog)
+        assert len(TrajectoryStore(path)) == len(want)
+        store_messages(caplog)
+        with TrajectoryStore(path) as store:
+            store.append(sample(100))
+            store.append(sample(101))
+        writer_warnings = store_messages(caplog)
+        assert list(TrajectoryStore(path).read()) == [sample(i) for i in [*want, 100, 101]]
+    assert_nothing_deleted(shard, original)
+    return read_warnings, writer_warnings
+
+
+def load_with_datasets(store, tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    ds = datasets.load_dataset(
+        "json", data_files=store.data_files, split="train", cache_dir=str(tmp_path / "hf")
+    )
+    return sorted(ds["seed"])
+
+
+def gz(text: bytes) -> bytes:
+    return gzip.compress(text, mtime=0)
+
+
+GARBAGE = b"garbage!" * 20 + b"\x1f\x8b\x08\x00 a false gzip magic inside the garbage " + b"\x00" * 30
+
+
+# (what, damage(original bytes, member starts) -> (damaged bytes, offset the warning must name), seeds read)
+MIDDLE = [
+    ("garbage between records 3 and 4", lambda d, s: (d[: s[3]] + GARBAGE + d[s[3] :], s[3]), range(8)),
+    (
+        "invalid JSON in an intact member",
+        lambda d, s: (d[: s[3]] + gz(b'{"seed": \n') + d[s[3] :], s[3]),
+        range(8),
+    ),
+    ("a JSON list, not an object", lambda d, s: (d[: s[3]] + gz(b"[1, 2]\n") + d[s[3] :], s[3]), range(8)),
+    ("a member without a newline", lambda d, s: (d[: s[3]] + gz(b'{"a": 1}') + d[s[3] :], s[3]), range(8)),
+    ("record 3 cut short", lambda d, s: (d[: s[3] + 50] + d[s[4] :], s[3]), [0, 1, 2, 4, 5, 6, 7]),
+]
+TAIL = [
+    ("a truncated tail", lambda d, s: (d[: s[7] + 60], s[7]), range(7)),
+    ("garbage at the very end", lambda d, s: (d + GARBAGE, len(d)), range(8)),
+    ("invalid JSON as the last member", lambda d, s: (d + gz(b"not json\n"), len(d)), range(8)),
+    ("a JSON number as the last member", lambda d, s: (d + gz(b"7\n"), len(d)), range(8)),
+    ("a torn member after garbage", lambda d, s: (d + GARBAGE + d[s[2] : s[3] - 9], len(d)), range(8)),
+]
+
+
+@pytest.mark.parametrize("what,damage,want", MIDDLE, ids=[m[0] for m in MIDDLE])
+def test_damage_inside_a_shard_is_skipped_and_the_writer_starts_a_new_shard(
+    tmp_path, caplog, what, damage, want
+):
+    path = tmp_path / "s"
+    shard, data, starts = eight_record_shard(path)
+    damaged, offset = damage(data, starts)
+    shard.write_bytes(damaged)
+    read_warnings, writer_warnings = read_then_append_two(path, damaged, list(want), caplog)
+    assert len(read_warnings) == 1 and str(shard) in read_warnings[0]
+    assert f"at offset {offset} " in read_warnings[0]
+    assert len(writer_warnings) == 1 and f"{shard} has damaged bytes" in writer_warnings[0]
+    assert f"offset {offset} " in writer_warnings[0] and "w0-00001.jsonl.gz" in writer_warnings[0]
+    assert shard.read_bytes() == damaged and not set_aside_files(shard)  # left exactly as it was
+    lines = gzip.decompress((path / "w0-00001.jsonl.gz").read_bytes()).splitlines()
+    assert [json.loads(line)["seed"] for line in lines] == [100, 101]
+
+
+@pytest.mark.parametrize("what,damage,want", TAIL, ids=[t[0] for t in TAIL])
+def test_damage_at_the_end_is_moved_aside_and_datasets_still_reads_the_store(
+    tmp_path, caplog, monkeypatch, what, damage, want
+):
+    path = tmp_path / "s"
+    shard, data, starts = eight_record_shard(path)
+    damaged, offset = damage(data, starts)
+    shard.write_bytes(damaged)
+    read_warnings, writer_warnings = read_then_append_two(path, damaged, list(want), caplog)
+    assert read_warnings and str(shard) in read_warnings[0] and f"at offset {offset} " in read_warnings[0]
+    aside = shard.with_name(shard.name + ".corrupt")
+    assert set_aside_files(shard) == [aside] and aside.read_bytes() == damaged[offset:]
+    assert len(writer_warnings) == 1
+    assert f"{shard}: {len(damaged) - offset} bytes from offset {offset}" in writer_warnings[0]
+    assert f"moved them to {aside}" in writer_warnings[0]
+    assert sorted(Path(p).name for p in glob.glob(TrajectoryStore(path).data_files)) == [shard.name]
+    assert load_with_datasets(TrajectoryStore(path), tmp_path, monkeypatch) == [*want, 100, 101]
+
+
+def test_a_flipped_byte_anywhere_loses_at_most_the_record_it_hits(tmp_path, caplog):
+    original_path = tmp_path / "original"
+    _, data, starts = eight_record_shard(original_path)
+    for position in range(0, len(data), 97):
+        hit = max(i for i, start in enumerate(starts) if start <= position)
+        path = tmp_path / f"flip-{position}"
+        path.mkdir()
+        shard = path / "w0-00000.jsonl.gz"
+        damaged = bytearray(data)
+        damaged[position] ^= 0x55
+        shard.write_bytes(damaged)
+        with caplog.at_level(logging.WARNING, logger="agentrl.store"):
+            caplog.clear()
+            seeds = [t.seed for t in TrajectoryStore(path).read()]
+            warnings = store_messages(caplog)
+        if seeds == list(range(8)):  # a header byte the format does not check (mtime, OS): still intact
+            want = list(range(8))
+            assert not warnings, position
+        else:
+            want = [i for i in range(8) if i != hit]
+            assert seeds == want, position
+            assert str(shard) in warnings[0] and f"at offset {starts[hit]} " in warnings[0], position
+        read_then_append_two(path, bytes(damaged), want, caplog)
+        if hit < 7 and hit not in want:
+            assert shard.read_bytes() == damaged, position  # damage inside: left as it is
+
+
+def test_an_empty_shard_is_appended_to(tmp_path, caplog):
+    path = tmp_path / "s"
+    path.mkdir()
+    (path / "w0-00000.jsonl.gz").write_bytes(b"")
+    assert read_then_append_two(path, b"", [], caplog) == ([], [])
+    assert sorted(p.name for p in path.iterdir()) == [".w0.lock", "w0-00000.jsonl.gz"]
+
+
+def test_a_shard_of_nothing_but_garbage_is_moved_aside_whole(tmp_path, caplog):
+    path = tmp_path / "s"
+    path.mkdir()
+    shard = path / "w0-00000.jsonl.gz"
+    shard.write_bytes(GARBAGE)
+    read_warnings, _ = read_then_append_two(path, GARBAGE, [], caplog)
+    assert "at offset 0 " in read_warnings[0] and "they run to the end of the file" in read_warnings[0]
+    assert shard.with_name(shard.name + ".corrupt").read_bytes() == GARBAGE
+
+
+def test_each_repair_sets_aside_into_a_new_file_outside_the_shard_glob(tmp_path, monkeypatch):
+    path = tmp_path / "s"
+    shard, _, _ = eight_record_shard(path)
+    tails = [b"first torn tail", b"second torn tail"]
+    for tail in tails:
+        with open(shard, "ab") as f:
+            f.write(tail)
+        with TrajectoryStore(path) as store:  # opening the writer repairs the shard
+            store.append(sample(100 + len(tail)))
+    aside = set_aside_files(shard)
+    assert [p.name for p in aside] == [shard.name + ".corrupt", shard.name + ".corrupt.1"]
+    assert [p.read_bytes() for p in aside] == tails
+    assert [Path(p).name for p in glob.glob(TrajectoryStore(path).data_files)] == [shard.name]
+    assert [t.seed for t in TrajectoryStore(path).read()] == [*range(8), 115, 116]
+    assert load_with_datasets(TrajectoryStore(path), tmp_path, monkeypatch) == [*range(8), 115, 116]
+
+
+def test_read_skips_an_intact_record_that_is_not_a_trajectory(tmp_path, caplog):
+    path = tmp_path / "s"
+    with TrajectoryStore(path) as store:
+        store.append(sample(0))
+        store.append({"not": "a trajectory"})
+        store.append(sample(1))
+    second = len(
+        gzip.compress(json.dumps(sample(0).to_record(), separators=(",", ":")).encode() + b"\n", mtime=0)
+    )
+    with caplog.at_level(logging.WARNING, logger="agentrl.store"):
+        assert [t.seed for t in TrajectoryStore(path).read()] == [0, 1]
+    (message,) = store_messages(caplog)
+    assert f"{path / 'w0-00000.jsonl.gz'}: skipped the record at offset {second}" in message
+    assert len(TrajectoryStore(path)) == 3  # records, not trajectories

@@ -25,7 +25,8 @@ class ExecResult:
     """What one command did."""
 
     exit_code: int
-    """Exit status of the command; 124 when it timed out, -1 when the sandbox died under it."""
+    """Exit status of the command; 124 when it timed out, -1 when the sandbox died under it, 137 when
+    it was killed (``oom_killed``, ``pids_exhausted`` or ``killed`` says by what)."""
     output: str
     """stdout and stderr merged in the order they were written, possibly cut (see ``truncated``)."""
     timed_out: bool = False
@@ -34,6 +35,12 @@ class ExecResult:
     """The output was longer than the cap: head and tail kept, a marker says how much was cut."""
     oom_killed: bool = False
     """A process of the command was killed by the out-of-memory killer."""
+    pids_exhausted: bool = False
+    """The sandbox's process limit refused a fork (a fork bomb): every process of the sandbox's user
+    was killed so that the sandbox can run commands again."""
+    killed: bool = False
+    """The command died of SIGKILL that was not the timeout's, the OOM killer's or the pids limit's
+    (the agent killed it itself, e.g. ``kill -9 -1``)."""
     sandbox_died: bool = False
     """The sandbox itself is gone (its init was killed, the daemon restarted); ask for a fresh one."""
     duration_s: float = 0.0
@@ -41,7 +48,25 @@ class ExecResult:
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not (self.timed_out or self.sandbox_died)
+        return self.exit_code == 0 and not (self.timed_out or self.sandbox_died or self.pids_exhausted)
+
+    def notes(self, timeout: float | None = None) -> list[str]:
+        """What happened to the command beyond its output, one line each, for the agent to read."""
+        notes = []
+        if self.timed_out:
+            after = f" after {timeout:g} s" if timeout else ""
+            notes.append(f"[command timed out{after} and was killed, with every process it started]")
+        if self.oom_killed:
+            notes.append("[a process of the command was killed for using too much memory]")
+        if self.pids_exhausted:
+            notes.append(
+                "[the sandbox ran out of processes (a fork bomb?): every process of yours was killed]"
+            )
+        if self.killed:
+            notes.append("[the command was killed by SIGKILL]")
+        if self.sandbox_died:
+            notes.append("[the sandbox died while running this command]")
+        return notes
 
 
 class SandboxError(RuntimeError):
@@ -118,6 +143,57 @@ WORKSPACE_SETUP = (
 )
 
 
+# File operations of the tools, run as the sandbox's user (never by the host or the container
+# runtime as root) and confined to the workspace: the path is resolved in the sandbox, symlinks
+# included, and must stay inside it. Usage: bash -c FILE_OPS agentrl OP WORKSPACE PATH [BASE64]
+#   read           the file's bytes on stdout
+#   write, append  the bytes of BASE64, or of stdin when it is absent, into the file (parents made)
+# Exit codes (``file_op_error`` turns them into exceptions): 72 missing, 73 outside the workspace
+# (the resolved path on stdout), 74 a directory, 75 not a regular file, 76/77 cannot create/write.
+FILE_OPS = r"""
+op=$1 path=$3
+root=$(realpath -e -- "$2") && cd "$root" || exit 70
+target=$(realpath -m -- "$path") || exit 71
+case "$target" in "$root" | "$root"/*) ;; *) printf '%s' "$target"; exit 73 ;; esac
+case "$op" in
+read)
+    [ -e "$target" ] || exit 72
+    [ -d "$target" ] && exit 74
+    [ -f "$target" ] || exit 75
+    exec cat -- "$target" ;;
+write | append)
+    [ -d "$target" ] && exit 74
+    mkdir -p -- "${target%/*}" || exit 76
+    if [ "$op" = write ]; then { : > "$target"; } || exit 77; fi
+    if [ $# -ge 4 ]; then printf '%s' "$4" | base64 -d >> "$target"; else cat >> "$target"; fi || exit 77 ;;
+*) exit 64 ;;
+esac
+"""
+
+
+def file_op_error(
+    code: int, op: str, path: str, workspace: str, stdout: bytes, stderr: bytes
+) -> OSError | None:
+    """The exception for a ``FILE_OPS`` exit code (None for success), worded for the agent to act on."""
+    detail = stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
+    if code == 0:
+        return None
+    if code == 72:
+        return FileNotFoundError(f"{path} does not exist in the sandbox")
+    if code == 73:
+        resolved = stdout.decode("utf-8", errors="replace")
+        return PermissionError(
+            f"{path!r} resolves to {resolved}, outside the workspace {workspace}; "
+            "paths must stay inside it (no '..' or symlinks out)"
+        )
+    if code == 74:
+        return IsADirectoryError(f"{path} is a directory")
+    if code == 75:
+        return IsADirectoryError(f"{path} is not a regular file")
+    what = "read" if op == "read" else "create" if code == 76 else "write"
+    return PermissionError(f"cannot {what} {path} in the sandbox: {detail[0]}")
+
+
 def diff_script(base: str, paths: list[str] | None = None) -> str:
     """Shell that prints ``git diff`` of the work tree (untracked files included) against ``base``.
 
@@ -125,13 +201,20 @@ def diff_script(base: str, paths: list[str] | None = None) -> str:
     alone and no cached stat data can hide an edit (a copied index would: git's "racily clean"
     check compares file times with the index file's time, and a same-size edit made in the same
     second as the baseline commit would look unchanged).
+
+    The repository's config is the agent's to edit, so the output's shape is fixed by flags
+    (prefixes, no colour, no renames, no external diff or text conversion, no fsmonitor command)
+    and stderr is kept out of it; a patch from here is still untrusted input for the grader
+    (``agentrl.patches.filter_patch``).
     """
     quoted = " ".join("'" + p.replace("'", "'\\''") + "'" for p in (paths or []))
     return (
-        'idx=$(mktemp -u) && export GIT_INDEX_FILE="$idx" && '
-        f"git read-tree {base} && git add -A && "
-        f"git diff --cached --binary --no-ext-diff --no-textconv {base} -- {quoted} "
-        "':(exclude,glob)**/__pycache__/**'; rc=$?; rm -f \"$idx\"; exit $rc"
+        'idx=$(mktemp -u) && err=$(mktemp) && export GIT_INDEX_FILE="$idx" && '
+        "{ git -c core.fsmonitor=false read-tree " + base + " && git -c core.fsmonitor=false add -A && "
+        "git -c core.fsmonitor=false diff --cached --binary --no-color --no-renames --no-ext-diff "
+        "--no-textconv --src-prefix=a/ --dst-prefix=b/ " + base + " -- " + quoted + " "
+        "':(exclude,glob)**/__pycache__/**'; } 2> \"$err\"; rc=$?; "
+        '[ $rc = 0 ] || cat "$err"; rm -f "$idx" "$err"; exit $rc'
     )
 
 

@@ -1,81 +1,167 @@
-# agentrl command runner, run by bash inside a sandbox as: bash RUNNER TIMEOUT CAP NONCE OUTDIR CMD
+# agentrl command runner, run by bash as root inside a Docker sandbox:
+#     bash RUNNER TIMEOUT CAP NONCE OUTDIR UID GID CMD
 #
 # Why a runner: a plain exec of CMD has no timeout, stalls while any background process it
-# started holds its output stream, and cannot tell an OOM kill from a normal 137. The runner
-#  - runs CMD as its own process group (job control), output to a file, so background processes
-#    hold the file and not the caller's stream;
-#  - runs a watchdog beside CMD; on timeout it kills CMD's process group and then every
-#    process that carries this command's marker in its environment (children that moved to a
-#    new session or process group still inherit it);
-#  - reads the cgroup's oom_kill counter before and after;
+# started holds its output stream, and cannot tell an OOM kill or a fork bomb from a normal exit.
+# The runner
+#  - runs CMD as the sandbox user (UID:GID, through setpriv) in its own process group (job
+#    control), its output in a root-only file, so background processes hold that file and not the
+#    caller's stream. The runner itself stays root: the agent cannot kill it or read its files;
+#  - runs a watchdog beside CMD. At the deadline it kills CMD's process group and then every
+#    process of UID started since the runner began: a child that left the group or the session,
+#    or dropped its environment, still has its uid and its start time. When the container's pids
+#    limit refuses a fork (a fork bomb), it stops and kills every process of UID at once, so that
+#    the sandbox can fork again; it wakes ten times a second with builtins only (no fork);
+#  - reads the cgroup's oom_kill and pids "max" counters before and after;
 #  - prints CMD's output (head and tail only when above CAP bytes), then one trailer line
 #    (and keeps the same bytes in OUTDIR/NONCE.result for a caller whose stream was lost):
-#    NONCE EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES
-# Builtins are used where a fork would do, to keep the per-command cost low.
-timeout_s=$1 cap=$2 nonce=$3 outdir=$4 cmd=$5
+#    NONCE EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES PIDS_EXHAUSTED
+timeout_s=$1 cap=$2 nonce=$3 outdir=$4 uid=$5 gid=$6 cmd=$7
 out="$outdir/$nonce"
 exec 2>/dev/null  # the runner's own stderr (job notices) must not mix into the command's output
 
-read_oom() {
-    oom=0
-    local f k v
-    for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
-        if [ -r "$f" ]; then
-            while read -r k v; do [ "$k" = oom_kill ] && oom=$v; done < "$f"
-            return
-        fi
-    done
+counter() {  # counter FILE KEY: the value of KEY in a cgroup stats file, in $value (0 when absent)
+    local k v
+    value=0
+    [ -r "$1" ] || return
+    while read -r k v; do [ "$k" = "$2" ] && { value=$v; return; }; done < "$1"
 }
 
-kill_marked() {
-    local p e
+counters() {
+    counter /sys/fs/cgroup/memory/memory.oom_control oom_kill; oom=$value
+    [ -r /sys/fs/cgroup/memory.events ] && { counter /sys/fs/cgroup/memory.events oom_kill; oom=$value; }
+    counter /sys/fs/cgroup/pids/pids.events max; pids=$value
+    [ -r /sys/fs/cgroup/pids.events ] && { counter /sys/fs/cgroup/pids.events max; pids=$value; }
+}
+
+starttime() {  # starttime PID: the process's start in clock ticks since boot, in $value
+    local line rest
+    value=
+    read -r line < "/proc/$1/stat" || return 1
+    rest=${line##*) }  # the name in parentheses may hold spaces
+    read -r -a fields <<< "$rest"
+    value=${fields[19]}
+}
+
+owner() {  # owner PID: the process's real uid, in $value
+    local k real rest
+    value=
+    while read -r k real rest; do [ "$k" = Uid: ] && { value=$real; return 0; }; done < "/proc/$1/status"
+    return 1
+}
+
+targets() {  # targets new|all: pids of UID's processes (new: started since the runner), in $found
+    local p pid
+    found=()
     for p in /proc/[0-9]*; do
-        while IFS= read -r -d '' e; do
-            if [ "$e" = "AGENTRL_EXEC=$nonce" ]; then kill -9 "${p#/proc/}" 2>/dev/null; break; fi
-        done < "$p/environ" 2>/dev/null
+        pid=${p#/proc/}
+        [ "$pid" = 1 ] || [ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ] || [ "$pid" = "$dog" ] && continue
+        owner "$pid" && [ "$value" = "$uid" ] || continue
+        if [ "$1" = new ]; then starttime "$pid" && [ "$value" -ge "$since" ] || continue; fi
+        found+=("$pid")
     done
 }
 
-read_oom; oom_before=$oom
+reap() {  # reap new|all: stop the processes first (a stopped process cannot fork), then kill them
+    local round
+    [ "$uid" = 0 ] && [ "$1" = all ] && set -- new  # as root, "all" would take the keep-alive down
+    for round in 1 2 3 4 5 6 7 8; do
+        targets "$1"
+        [ ${#found[@]} = 0 ] && break
+        kill -STOP "${found[@]}"
+    done
+    for round in 1 2 3 4 5 6 7 8; do
+        targets "$1"
+        [ ${#found[@]} = 0 ] && break
+        kill -KILL "${found[@]}"
+    done
+}
+
+counters; oom_before=$oom pids_before=$pids
+starttime $$; since=$value
+dog=
 if ! { : > "$out"; } 2>/dev/null; then
     printf 'agentrl: cannot write the output file %s (is the sandbox out of space?)\n' "$out"
-    printf '\n%s %d %d %d %d\n' "$nonce" 125 0 0 0
+    printf '\n%s %d %d %d %d %d\n' "$nonce" 125 0 0 0 0
     exit 0
 fi
-set -m  # job control: each background job below gets its own process group
-AGENTRL_EXEC=$nonce bash -c "$cmd" > "$out" 2>&1 < /dev/null &
-pid=$!
+if [ "$uid" = 0 ]; then
+    as_user=()
+else
+    as_user=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all)
+fi
+mkfifo -m 600 "$out.tick"
+# The watchdog is forked before the command: a fork bomb may leave no process to fork it after.
+# It runs until the runner has written the result (a bomb can start in the background and reach the
+# limit only then); SIGTERM ends it, but never half-way through a reap (stopped processes would stay).
 (
-    sleep "$timeout_s"
-    : > "$out.timeout"
-    for _ in 1 2 3; do kill -9 -- "-$pid"; kill_marked; done
+    reaping=0 stop=0
+    trap '[ "$reaping" = 1 ] && stop=1 || exit 0' TERM
+    exec 3<> "$out.tick"  # read -t on a pipe that never gets data: a sleep without a fork
+    now=${EPOCHREALTIME/./}
+    ms=${timeout_s/./}
+    deadline=$((now + 10#$ms * 1000))
+    while :; do
+        read -r -t 0.1 -u 3
+        counters
+        if [ "$pids" -gt "$pids_before" ]; then
+            reaping=1
+            : > "$out.pids"
+            reap all
+            pids_before=$pids reaping=0
+            [ "$stop" = 1 ] && exit 0
+        fi
+        [ -e "$out.done" ] && continue
+        now=${EPOCHREALTIME/./}
+        if [ "$now" -ge "$deadline" ]; then
+            reaping=1
+            : > "$out.timeout"
+            reap new  # the command's process group and everything that left it
+            exit 0
+        fi
+    done
 ) > /dev/null 2>&1 < /dev/null &
 dog=$!
-wait "$pid"
+set -m  # job control: the command below gets a process group of its own
+"${as_user[@]}" bash -c "$cmd" > "$out" 2>&1 < /dev/null &
+pid=$!
+cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
+    kill -KILL -- "-$pid"
+    kill -TERM "$dog"
+    wait "$dog"
+    reap new
+    rm -f "$out" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
+    exit 143
+}
+trap cancel TERM
+wait -f "$pid"  # -f: until it ends, not when it is stopped (as the watchdog does before a kill)
 rc=$?
+: > "$out.done"
 timed_out=0
 if [ -e "$out.timeout" ]; then
-    # The watchdog fired: let it finish hunting down escaped processes before going on.
-    wait "$dog"
+    wait "$dog"  # let it finish hunting down escaped processes before going on
     timed_out=1 rc=124
-    rm -f "$out.timeout"
-else
-    kill -9 -- "-$dog"
 fi
-read_oom; oom_killed=0
-[ "$oom" -gt "$oom_before" ] && oom_killed=1
 size=$(stat -c %s "$out" 2>/dev/null || echo 0)
 # The result is kept in a file as well as printed: a heavily loaded daemon has been seen to drop the
 # output of a quick exec, and the caller can then read it back (results older than 10 min are removed).
-{
-    if [ "$size" -gt "$cap" ]; then
-        head -c $((cap / 2)) "$out"
-        tail -c $((cap - cap / 2)) "$out"
-    else
-        cat "$out"
-    fi
-    printf '\n%s %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size"
-} > "$out.result"
-rm -f "$out"
-cat "$out.result"
+if [ "$size" -gt "$cap" ]; then
+    { head -c $((cap / 2)) "$out"; tail -c $((cap - cap / 2)) "$out"; } > "$out.result"
+else
+    cat "$out" > "$out.result"
+fi
+kill -TERM "$dog"
+wait "$dog"
+counters
+pids_exhausted=0
+if [ -e "$out.pids" ] || [ "$pids" -gt "$pids_before" ]; then
+    pids_exhausted=1
+    reap all
+    [ "$timed_out" = 1 ] || rc=137
+fi
+oom_killed=0
+[ "$oom" -gt "$oom_before" ] && oom_killed=1
+printf '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted" >> "$out.result"
+rm -f "$out" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
 find "$outdir" -name '*.result' -mmin +10 -delete 2>/dev/null
+exec cat "$out.result"

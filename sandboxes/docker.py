@@ -7,10 +7,18 @@ workspace at ``/testbed``. The container's keep-alive process runs as root, so a
 ``kill -9 -1`` kills only its own processes; where it does kill the keep-alive (``user="root"``),
 the OOM killer takes it, or the daemon restarts, the next call reports ``sandbox_died``.
 
-Every command goes through a small runner script (``_exec.sh``) that enforces its timeout
-inside the container, kills the command's whole process tree when it expires, detaches
-background processes from the caller's output stream and reports OOM kills. The Docker SDK's
-``exec_run`` has none of this, and a client-side socket timeout does not apply to exec streams.
+Every command goes through a small runner script (``_exec.sh``, root-owned and read-only, run as
+root) that runs the command as the sandbox's user, enforces its timeout inside the container,
+kills every process the command started when it expires (by uid and start time, which no child
+can shed), detaches background processes from the caller's output stream, and reports OOM kills
+and fork bombs (the pids limit refusing a fork: every process of the user is then killed). The
+Docker SDK's ``exec_run`` has none of this, and a client-side socket timeout does not apply to
+exec streams.
+
+Files: ``read_file`` and ``write_file`` run as the sandbox's user, inside the container, on paths
+resolved there (symlinks included) that must stay inside the workspace; never through Docker's
+archive API, which writes as root anywhere. ``upload`` (the environment's own files, before the
+agent starts) is the one use of the archive API.
 
 Disk: a per-file size limit (``max_file_size``, RLIMIT_FSIZE) always holds. A limit on the total
 size of the container's writable layer (``disk``, Docker's ``storage_opt size``) needs a storage
@@ -27,10 +35,12 @@ interpreter exit, and on SIGINT/SIGTERM of the creating process. Each carries la
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import io
 import logging
 import os
+import posixpath
 import shutil
 import socket
 import tarfile
@@ -45,6 +55,7 @@ from typing import Any
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from agentrl.sandbox import (
+    FILE_OPS,
     WORKSPACE_SETUP,
     AsyncStartClose,
     ExecResult,
@@ -53,6 +64,7 @@ from agentrl.sandbox import (
     check_command,
     cut_output,
     diff_script,
+    file_op_error,
     join_cut,
 )
 from agentrl.sandboxes import _cleanup
@@ -61,8 +73,10 @@ from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE
 log = logging.getLogger(__name__)
 
 RUNNER = (Path(__file__).parent / "_exec.sh").read_text()
-OUTPUT_DIR = "/run/agentrl"
+OUTPUT_DIR = "/run/agentrl"  # a root-only tmpfs: the runner's output files, out of the agent's reach
 RUNNER_PATH = "/.agentrl-runner"  # not under a tmpfs: the archive API cannot write into one
+WRITE_CHUNK = 48 * 2**10  # bytes per exec of a file write: base64 in one argument stays under 128 KiB
+FILE_OP_TIMEOUT = 60  # seconds; a file operation is a cat or a write, far quicker unless wedged
 LABEL = "agentrl.sandbox"
 _UNITS = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
@@ -159,10 +173,12 @@ class DockerConfig:
 
 # --- process-wide plumbing: one client, one thread pool, the live containers ----------------------
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: the signal hook below may run while this thread holds it
 _clients: dict[str | None, Any] = {}
 _executor: ThreadPoolExecutor | None = None
 _live: dict[str, Any] = {}  # container id -> client, for cleanup at exit and on signals
+_creating = 0  # container creates on their way to the daemon; the exit hook waits for them
+_stopping = False  # set while the exit hook runs: a create that finishes then removes its container
 _warned: set[str] = set()
 
 
@@ -198,12 +214,40 @@ def executor(max_workers: int) -> ThreadPoolExecutor:
 
 
 def _remove_live_containers() -> None:
-    with _lock:
-        items = list(_live.items())
-        _live.clear()
-    for cid, client in items:
-        with contextlib.suppress(Exception):
-            client.api.remove_container(cid, force=True, v=True)
+    """At exit or on SIGINT/SIGTERM: remove every container this process made.
+
+    A create sent to the daemon just before the signal is waited for (a few seconds at most), and
+    the daemon is then asked for every container labelled with this process, so that one whose
+    create the daemon finished but this process never heard of is removed too."""
+    global _stopping
+    _stopping = True
+    try:
+        deadline = time.monotonic() + 10.0
+        while _creating and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with _lock:
+            items = list(_live.items())
+            _live.clear()
+            clients = list(_clients.values())
+        for cid, client in items:
+            with contextlib.suppress(Exception):
+                client.api.remove_container(cid, force=True, v=True)
+        pid = os.getpid()
+        mine = {"agentrl.pid": str(pid), "agentrl.pid_start": process_start_time(pid) or ""}
+        for client in clients:
+            with contextlib.suppress(Exception):
+                for c in client.api.containers(
+                    all=True, filters={"label": [f"{LABEL}=1", f"agentrl.pid={pid}"]}
+                ):
+                    labels = c.get("Labels") or {}
+                    if (
+                        all(labels.get(k) == v for k, v in mine.items())
+                        and labels.get("agentrl.host") == socket.gethostname()
+                    ):
+                        with contextlib.suppress(Exception):
+                            client.api.remove_container(c["Id"], force=True, v=True)
+    finally:
+        _stopping = False
 
 
 def _transient(e: BaseException) -> bool:
@@ -257,6 +301,7 @@ class DockerSandbox(AsyncStartClose):
         self._client = None
         self._dead = False
         self._closed = False
+        self._ids: dict[str, tuple[str, str]] = {}  # user name -> (uid, gid) in the image
         self.disk_limit_enforced = False
 
     # -- plumbing --
@@ -336,11 +381,12 @@ class DockerSandbox(AsyncStartClose):
             nano_cpus=int(cfg.cpus * 1e9),
             security_opt=["no-new-privileges"],
             ulimits=[docker.types.Ulimit(name="fsize", soft=cfg.max_file_bytes, hard=cfg.max_file_bytes)],
-            tmpfs={"/tmp": f"size={cfg.tmp_bytes},mode=1777", OUTPUT_DIR: "size=256m,mode=1777"},
+            tmpfs={"/tmp": f"size={cfg.tmp_bytes},mode=1777", OUTPUT_DIR: "size=256m,mode=0700"},
             labels=self._labels(),
             environment={
                 "HOME": "/home/agent" if cfg.user == "agent" else "/root",
                 "PYTHONDONTWRITEBYTECODE": "1",  # keeps __pycache__ out of the workspace diff
+                "PYTHONNOUSERSITE": "1",  # nothing outside the workspace on the import path
                 **cfg.env,
             },
         )
@@ -356,17 +402,35 @@ class DockerSandbox(AsyncStartClose):
                 cfg.max_file_size,
                 cfg.tmp_size,
             )
-        container = self._create(kwargs)
-        self.container_id = container.id
+        global _creating
         with _lock:
-            _live[container.id] = client
+            _creating += 1
+        try:
+            container = self._create(kwargs)
+            self.container_id = container.id
+            with _lock:
+                _live[container.id] = client
+        finally:
+            with _lock:
+                _creating -= 1
+        if _stopping:  # made while the process is being stopped: it would outlive the exit hook
+            self._remove_sync()
+            raise SandboxError("this process is stopping (SIGINT/SIGTERM); no sandbox was started")
         try:
             _retry(container.start)()
             # The runner lives in the container, root-owned and read-only, so the agent cannot edit it.
             _retry(client.api.put_archive)(container.id, "/", _runner_tar())
+            code, ids = self._control('id -u -- "$1" && id -g -- "$1"', cfg.user)
         except Exception as e:
             self._remove_sync()
             raise SandboxError(f"container for image {cfg.image!r} failed to start: {e}") from e
+        if code != 0 or len(ids.split()) != 2:
+            self._remove_sync()
+            raise SandboxError(
+                f"user {cfg.user!r} does not exist in image {cfg.image!r} ({ids.strip()}); "
+                "set `user` to one that does (the base image has `agent`)"
+            )
+        self._ids[cfg.user] = tuple(ids.split())
 
     def _create(self, kwargs: dict[str, Any]):
         import docker
@@ -465,8 +529,9 @@ class DockerSandbox(AsyncStartClose):
         timeout = float(timeout or self.config.timeout)
         cap = output_cap or self.config.output_cap
         nonce = uuid.uuid4().hex
-        argv = ["bash", RUNNER_PATH, f"{timeout:.3f}", str(cap), nonce, OUTPUT_DIR, cmd]
-        workdir = str(PurePosixPath(self.workdir) / cwd) if cwd else self.workdir
+        uid, gid = await self._user_ids(user or self.config.user)
+        argv = ["bash", RUNNER_PATH, f"{timeout:.3f}", str(cap), nonce, OUTPUT_DIR, uid, gid, cmd]
+        workdir = self._inside(cwd) if cwd else self.workdir
         start = time.perf_counter()
         api = self._client.api
         try:
@@ -474,7 +539,7 @@ class DockerSandbox(AsyncStartClose):
                 _retry(api.exec_create),
                 self.container_id,
                 argv,
-                user=user or self.config.user,
+                user="root",  # the runner; it runs the command itself as uid:gid
                 workdir=workdir,
                 environment=env or None,
             )
@@ -484,13 +549,13 @@ class DockerSandbox(AsyncStartClose):
         try:
             raw = await asyncio.wait_for(asyncio.shield(future), timeout + self.config.grace)
         except TimeoutError:
-            # The runner did not come back: the sandbox is wedged (frozen, out of pids, daemon hung).
+            # The runner did not come back: the sandbox is wedged (frozen, daemon hung).
             await self._call(self._kill_wedged)
             return ExecResult(
                 -1, "", timed_out=True, sandbox_died=True, duration_s=time.perf_counter() - start
             )
         except asyncio.CancelledError:
-            await asyncio.shield(self._call(self._kill_marked, nonce))
+            await asyncio.shield(self._call(self._cancel_command, nonce))
             raise
         except Exception as e:
             return await self._failed_to_start(e, start)
@@ -498,22 +563,38 @@ class DockerSandbox(AsyncStartClose):
             raw = await self._call(self._recover_output, nonce) or raw
         return await self._parse(raw, nonce, cap, exec_id["Id"], start)
 
+    async def _user_ids(self, user: str) -> tuple[str, str]:
+        if user not in self._ids:
+            code, ids = await self._call(self._control, 'id -u -- "$1" && id -g -- "$1"', user)
+            if code != 0 or len(ids.split()) != 2:
+                raise SandboxError(f"user {user!r} does not exist in image {self.config.image!r}")
+            self._ids[user] = tuple(ids.split())
+        return self._ids[user]
+
     async def _failed_to_start(self, error: Exception, start: float) -> ExecResult:
         """The daemon could not run the command: a dead sandbox, or one out of processes (fork bomb)."""
+        if await self.alive() and await self._call(self._recover_from_fork_bomb):
+            return self._fork_bomb_result(start)
         alive = await self.alive()
         message = "" if not alive else f"agentrl: the sandbox could not start the command: {error}"
         return ExecResult(
             -1 if not alive else 126, message, sandbox_died=not alive, duration_s=time.perf_counter() - start
         )
 
+    @staticmethod
+    def _fork_bomb_result(start: float) -> ExecResult:
+        return ExecResult(137, "", pids_exhausted=True, duration_s=time.perf_counter() - start)
+
     async def _parse(self, raw: bytes, nonce: str, cap: int, exec_id: str, start: float) -> ExecResult:
         marker = b"\n" + nonce.encode() + b" "
         at = raw.rfind(marker)
         if at < 0:
-            # The runner itself was killed (the agent ran `kill -9 -1`, or the container died).
-            # Docker marks a container exited a moment after its init does: give it that moment.
+            # The runner did not finish: the container died, or it is out of processes and could not
+            # start the runner at all. Docker marks a container exited a moment after its init does.
             await asyncio.sleep(0.25)
             alive = await self.alive()
+            if alive and await self._call(self._recover_from_fork_bomb):
+                return self._fork_bomb_result(start)
             code = -1
             if alive:
                 info = await self._call(self._client.api.exec_inspect, exec_id)
@@ -534,7 +615,8 @@ class DockerSandbox(AsyncStartClose):
                 sandbox_died=not alive,
                 duration_s=time.perf_counter() - start,
             )
-        rc, timed_out, oom, size = (int(x) for x in raw[at + len(marker) :].split()[:4])
+        fields = [int(x) for x in raw[at + len(marker) :].split()[:5]]
+        rc, timed_out, oom, size, pids = (fields + [0])[:5]
         body = raw[:at]
         truncated = size > cap
         if truncated:  # the runner sent only the head and the tail
@@ -550,9 +632,45 @@ class DockerSandbox(AsyncStartClose):
             timed_out=bool(timed_out),
             truncated=truncated,
             oom_killed=bool(oom),
+            pids_exhausted=bool(pids),
+            killed=rc == 137 and not (timed_out or oom or pids or died),
             sandbox_died=died,
             duration_s=time.perf_counter() - start,
         )
+
+    def _recover_from_fork_bomb(self) -> bool:
+        """When the container is at its pids limit, kill every process of the sandbox's users.
+
+        With no process left to fork, not even a root exec can start, so the limit is raised for the
+        moment it takes to stop and kill them, then set back. Returns whether it was at the limit.
+        """
+        api = self._client.api
+        try:
+            pids = api.stats(self.container_id, stream=False, one_shot=True).get("pids_stats") or {}
+        except Exception:
+            return False
+        limit, current = pids.get("limit") or 0, pids.get("current") or 0
+        if not limit or current < limit - 1:
+            return False
+        log.warning(
+            "sandbox %s: at its pids limit (%d); killing the agent's processes", self.container_id[:12], limit
+        )
+        users = sorted({uid for uid, _ in self._ids.values() if uid != "0"})
+        script = (
+            'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -STOP -u "$u"; done; done; '
+            'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -KILL -u "$u"; done; done; true'
+        )
+        url = api._url("/containers/{0}/update", self.container_id)
+        try:
+            api._raise_for_status(api._post_json(url, data={"PidsLimit": limit + 64}))
+            self._control(script, *users)
+        except Exception as e:
+            log.warning("sandbox %s: could not recover from its fork bomb: %s", self.container_id[:12], e)
+            self._kill_wedged()
+        finally:
+            with contextlib.suppress(Exception):
+                api._post_json(url, data={"PidsLimit": limit})
+        return True
 
     def _control(self, script: str, *args: str, user: str = "root") -> tuple[int, str]:
         """Run a control script directly (not through the runner); blocking. Returns (exit code, output)."""
@@ -582,20 +700,11 @@ class DockerSandbox(AsyncStartClose):
                 return data
         return None
 
-    def _kill_marked(self, nonce: str) -> None:
-        """Kill a cancelled command's processes and its runner (best effort).
-
-        Runs as the sandbox user: reading another user's ``/proc/PID/environ`` needs
-        CAP_SYS_PTRACE, which containers do not have.
-        """
-        script = (
-            "for p in /proc/[0-9]*; do "
-            'if tr "\\0" "\\n" < $p/environ 2>/dev/null | grep -qx "AGENTRL_EXEC=$1" '
-            '|| tr "\\0" " " < $p/cmdline 2>/dev/null | grep -q "^bash $2 .* $1 "; '
-            "then kill -9 ${p#/proc/}; fi; done"
-        )
+    def _cancel_command(self, nonce: str) -> None:
+        """Stop a cancelled command: its runner, sent SIGTERM, kills everything the command started."""
+        pattern = f"^bash {RUNNER_PATH} [^ ]+ [^ ]+ {nonce} "
         with contextlib.suppress(Exception):
-            self._control(script, nonce, RUNNER_PATH, user=self.config.user)
+            self._control('pkill -TERM -u 0 -f "$1"; true', pattern)
 
     def _kill_wedged(self) -> None:
         self._dead = True
@@ -607,39 +716,43 @@ class DockerSandbox(AsyncStartClose):
         p = PurePosixPath(path)
         return p if p.is_absolute() else PurePosixPath(self.workdir) / p
 
+    def _inside(self, path: str) -> str:
+        """``path`` (relative to the workspace, or absolute) normalised; outside it is refused. For
+        the caller's own paths (a command's ``cwd``): agents' paths are resolved in the container."""
+        target = posixpath.normpath(str(self._path(path)))
+        if not PurePosixPath(target).is_relative_to(self.workdir):
+            raise PermissionError(
+                f"{path!r} resolves to {target}, outside the workspace {self.workdir}; "
+                "paths must stay inside it (no '..')"
+            )
+        return target
+
+    def _file_op(self, op: str, path: str, *args: str) -> bytes:
+        """Run one ``FILE_OPS`` operation as the sandbox's user; blocking. Returns its stdout."""
+        api = self._client.api
+        argv = ["timeout", "-s", "KILL", str(FILE_OP_TIMEOUT), "bash", "-c", FILE_OPS, "agentrl", op]
+        exec_id = _retry(api.exec_create)(
+            self.container_id, [*argv, self.workdir, path, *args], user=self.config.user
+        )["Id"]
+        stdout, stderr = api.exec_start(exec_id, demux=True)
+        code = api.exec_inspect(exec_id)["ExitCode"]
+        error = file_op_error(code, op, path, self.workdir, stdout or b"", stderr or b"")
+        if error is not None:
+            raise error
+        return stdout or b""
+
     async def read_file(self, path: str) -> bytes:
+        """The bytes of a file inside the workspace, read as the sandbox's user."""
         self._require_running()
-        target = self._path(path)
-
-        def read() -> bytes:
-            import docker
-
-            try:
-                stream, _ = self._client.api.get_archive(self.container_id, str(target))
-            except docker.errors.NotFound:
-                raise FileNotFoundError(f"{target} does not exist in the sandbox") from None
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                member = tar.next()
-                if member is None or not member.isfile():
-                    raise IsADirectoryError(f"{target} is not a regular file in the sandbox")
-                return tar.extractfile(member).read()
-
-        return await self._call(read)
+        return await self._call(self._file_op, "read", path)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write a file inside the workspace as the sandbox's user (parents made, mode kept if it exists)."""
         self._require_running()
-        target = self._path(path)
         payload = data.encode() if isinstance(data, str) else data
-        await self._ensure_dir(target.parent)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(target.name)
-            info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
-            info.uid = info.gid = AGENT_UID if self.config.user == "agent" else 0
-            tar.addfile(info, io.BytesIO(payload))
-        await self._call(
-            _retry(self._client.api.put_archive), self.container_id, str(target.parent), buf.getvalue()
-        )
+        for at in range(0, max(len(payload), 1), WRITE_CHUNK):
+            chunk = base64.b64encode(payload[at : at + WRITE_CHUNK]).decode()
+            await self._call(self._file_op, "write" if at == 0 else "append", path, chunk)
 
     async def _ensure_dir(self, directory: PurePosixPath) -> None:
         result = await self.exec(f"mkdir -p -- '{directory}'", timeout=30)
@@ -647,7 +760,10 @@ class DockerSandbox(AsyncStartClose):
             raise PermissionError(f"cannot create {directory} in the sandbox: {result.output.strip()}")
 
     async def upload(self, local_path: str, dest: str) -> None:
-        """Copy a local file or directory to ``dest`` (its new path) in the sandbox, owned by the user."""
+        """Copy a local file or directory to ``dest`` (its new path) in the sandbox, owned by the user.
+
+        For the environment's own files (a task's tree, before the agent starts): it goes through
+        Docker's archive API, as root, which agents' file operations never do."""
         self._require_running()
         source = Path(local_path)
         if not source.exists():
@@ -712,8 +828,9 @@ def gc(
     client = client_for(docker_host)
     host = socket.gethostname()
     removed = []
-    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-        labels = c.labels
+    # One list call, no per-container inspect: containers that come and go meanwhile are just gone.
+    for c in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+        labels = c.get("Labels") or {}
         if everything:
             reason = "--all"
         elif run is not None:
@@ -729,10 +846,11 @@ def gc(
                 continue  # its creator still runs
             reason = f"creating process {pid} is gone"
         try:
-            c.remove(force=True, v=True)
-            removed.append((c.short_id, reason))
+            client.api.remove_container(c["Id"], force=True, v=True)
+            removed.append((c["Id"][:12], reason))
         except Exception as e:
-            if getattr(e, "status_code", None) != 404:
+            # 404: removed meanwhile (by its own sandbox, or another gc); 409: a removal is under way
+            if getattr(e, "status_code", None) not in (404, 409):
                 raise
     return removed
 

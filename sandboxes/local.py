@@ -2,27 +2,35 @@
 
 Isolation is weaker than the Docker backend's, and this says how:
 
-- With bubblewrap (``bwrap``, ``isolation="bwrap"`` or ``"auto"`` when installed): each command
-  runs in fresh namespaces (``--unshare-all``: no network but ``lo``, own PIDs, own IPC), on a
-  read-only view of the host's root filesystem, with a private ``/tmp``, ``/root``, ``/home``
-  and the creating process's working directory hidden (the Python environment is mounted back
-  read-only so the agent's ``python`` works), and only the workspace writable. When the command
-  exits, everything it started in the background is killed with its PID namespace.
-- Without bubblewrap (``isolation="none"``): a plain subprocess in the workspace directory. It
-  can read (not write, when dropped to an unprivileged user) the host's files and reach the
-  network. Background processes survive the command and are killed at ``close()``. ``/tmp`` is
-  the host's, shared by every sandbox: each gets a private temporary directory of its own as
-  ``TMPDIR`` (removed with the workspace), which scratch files of concurrent sandboxes must use.
+- With bubblewrap (``isolation="bwrap"``, or ``"auto"``): each command runs in fresh namespaces
+  (no network but ``lo``, own PIDs, own IPC), on a read-only view of the host's root filesystem,
+  with a private ``/tmp``, ``/run`` (the Docker socket lives there), ``/root``, ``/home`` and the
+  creating process's working directory hidden (the Python environment is mounted back read-only
+  so the agent's ``python`` works), and only the workspace writable. When the command exits,
+  everything it started in the background is killed with its PID namespace. The sandbox's user
+  is never host root: started as root, the command runs as a host uid of its own (one per
+  sandbox, from ``HOST_UIDS``), which cannot read mode-0600 files or use the Docker socket; started
+  as another user, as uid 1000 in a user namespace mapped to that user.
+- Without bubblewrap (``isolation="none"``, which must be asked for: ``auto`` refuses to fall back
+  to it): a plain subprocess in the workspace directory, which can read the host's world-readable
+  files and reach the network. Started as root, commands run as a host uid of their own, which
+  can write only the workspace and world-writable places; started as another user, as that user.
+  Everything a command starts is killed when it exits (by uid when started as root; otherwise by
+  ``_reaper.py``, a child subreaper that outlives the command, which a command can defeat only by
+  killing it first). ``/tmp`` is the host's: each sandbox gets a private temporary directory of
+  its own as ``TMPDIR`` (removed with the workspace), which scratch files must use.
+
+Files: ``read_file`` and ``write_file`` run the same way as commands (inside bubblewrap, as the
+sandbox's user), on paths resolved there, symlinks included, that must stay inside the workspace.
 
 Limits: where this process may create cgroups (root on a cgroup v1 or v2 host), each sandbox
 gets its own, with a process limit (``processes``) and a memory limit (``memory``) that the OOM
-killer enforces and ``oom_killed`` reports, and ``close()`` kills everything in it. Elsewhere the
-limits are rlimits: address space (allocations fail with ``MemoryError`` instead of an OOM kill,
-so ``oom_killed`` is never set) and processes (counted per user, over all of the user's
-processes, and not enforced at all for root). File size and CPU time are always rlimits; total
-disk use is not limited (each file is, by ``max_file_size``). Under bwrap commands run as uid
-1000 in a user namespace; without it, as the calling user. The weaker isolation is logged once
-per process.
+killer enforces and ``oom_killed`` reports, a fork refused at the limit is reported as
+``pids_exhausted``, and ``close()`` kills everything in it. Elsewhere the limits are rlimits:
+address space (allocations fail with ``MemoryError`` instead of an OOM kill, so ``oom_killed`` is
+never set) and processes (counted per host user: per sandbox when started as root, else over
+all of the user's processes). File size and CPU time are always rlimits; total disk use is not
+limited (each file is, by ``max_file_size``).
 
 Cleanup: a workspace this backend created is removed on ``close()``, at interpreter exit and on
 SIGINT/SIGTERM of the creating process (not after ``kill -9``).
@@ -32,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import fcntl
 import logging
 import os
 import resource
@@ -46,12 +56,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.sandbox import (
+    FILE_OPS,
     WORKSPACE_SETUP,
     AsyncStartClose,
     ExecResult,
     SandboxError,
     check_command,
     diff_script,
+    file_op_error,
     join_cut,
 )
 from agentrl.sandboxes import _cleanup
@@ -59,7 +71,10 @@ from agentrl.sandboxes.docker import parse_size
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
-SANDBOX_UID = 1000
+SANDBOX_UID = 1000  # the sandbox user's uid inside bubblewrap's user namespace (not started as root)
+HOST_UIDS = range(200_000, 265_536)  # host uids for sandboxes started as root, one per sandbox
+REAPER = Path(__file__).with_name("_reaper.py")
+FILE_OP_TIMEOUT = 60.0
 
 
 def bwrap_works() -> tuple[bool, str]:
@@ -67,14 +82,28 @@ def bwrap_works() -> tuple[bool, str]:
     path = shutil.which("bwrap")
     if not path:
         return False, "bwrap is not installed (apt-get install -y bubblewrap)"
-    probe = subprocess.run(
-        [path, "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
-        capture_output=True,
-        text=True,
-    )
+    if os.geteuid() == 0:  # as root it runs without a user namespace, then drops to a uid of its own
+        probe_argv = [path, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc"]
+    else:
+        probe_argv = [path, "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc"]
+    if not shutil.which("setpriv") and os.geteuid() == 0:
+        return False, "setpriv (util-linux) is not installed, and bwrap as root needs it to drop to a user"
+    probe = subprocess.run([*probe_argv, "--dev", "/dev", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         return False, f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
     return True, path
+
+
+def _counter(path: Path, key: str) -> int:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
 
 
 class Cgroup:
@@ -110,11 +139,11 @@ class Cgroup:
             (d / "cgroup.procs").write_text("0")
 
     def oom_kills(self) -> int:
-        for line in self.events.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
+        return _counter(self.events, "oom_kill")
+
+    def pids_refused(self) -> int:
+        """Forks refused at the process limit so far (the ``max`` counter of ``pids.events``)."""
+        return _counter(self.dirs[0] / "pids.events", "max")
 
     def kill_all(self) -> None:
         for _ in range(5):
@@ -139,16 +168,82 @@ class Cgroup:
                     time.sleep(0.05)
 
 
+class HostUid:
+    """An unprivileged host uid held by one sandbox (a root process only).
+
+    Held by an exclusive lock on a file named after it in a root-only directory, so that
+    concurrent processes never share one; a uid whose lock is free may still have processes from
+    a creator killed with ``kill -9``: they are killed when it is taken.
+    """
+
+    def __init__(self):
+        directory = (
+            Path("/run/agentrl-uids")
+            if os.path.isdir("/run")
+            else Path(tempfile.gettempdir()) / "agentrl-uids"
+        )
+        directory.mkdir(mode=0o700, exist_ok=True)
+        for uid in HOST_UIDS:
+            fd = os.open(directory / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            kill_uid(uid)
+            return
+        raise SandboxError(f"every host uid in {HOST_UIDS} is held by a live sandbox")
+
+    def release(self) -> None:
+        kill_uid(self.uid)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Processes whose real uid is ``uid`` (from their status: /proc/PID's owner can be root)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            found.append(int(name))
+                        break
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def kill_uid(uid: int) -> None:
+    """Kill every process of ``uid``: stopped first (a stopped process cannot fork), then killed."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for _ in range(20):
+            pids = _uid_processes(uid)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            if sig == signal.SIGKILL:
+                time.sleep(0.01)
+
+
 @dataclass
 class LocalConfig:
     workdir: str | None = None
     """Host directory used as the workspace; default: a fresh temporary directory, removed at close."""
     isolation: str = "auto"
-    """``bwrap`` (bubblewrap namespaces), ``none`` (plain subprocess), or ``auto`` (bwrap when it works)."""
+    """``bwrap`` (bubblewrap namespaces); ``auto`` (bwrap, or an error saying why it cannot run
+    here); ``none`` (a plain subprocess, no isolation: only when asked for)."""
     memory: str = "4g"
-    """Address-space limit of each process (RLIMIT_AS)."""
+    """Memory limit: the cgroup's where there is one, else each process's address space (RLIMIT_AS)."""
     processes: int = 256
-    """Process limit (RLIMIT_NPROC, counted per user; not enforced for root, hence ``uid``)."""
+    """Process limit: the cgroup's where there is one, else RLIMIT_NPROC (per host user)."""
     max_file_size: str = "1g"
     """Largest file a command may write (RLIMIT_FSIZE)."""
     timeout: float = 300.0
@@ -183,6 +278,17 @@ def _remove_live_workdirs() -> None:
         _live_workdirs.discard(path)
 
 
+def _chown_tree(path: Path, uid: int) -> None:
+    os.lchown(path, uid, uid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_DUMPABLE = 4
+
+
 class LocalSandbox(AsyncStartClose):
     """A workspace directory on this machine; use as ``async with LocalSandbox(LocalConfig(...)) as sb``."""
 
@@ -195,11 +301,17 @@ class LocalSandbox(AsyncStartClose):
         self._own_workdir = False
         self._closed = False
         self._started = False
-        self._groups: set[int] = set()
         self._bwrap: str | None = None
         self._cgroup: Cgroup | None = None
+        self._host_uid: HostUid | None = None
         self._hidden_cwd = os.getcwd()
         self._tmpdir: str | None = None
+        self._procs: set[asyncio.subprocess.Process] = set()
+
+    @property
+    def uid(self) -> int | None:
+        """The host uid commands run as when started as root (one per sandbox); None otherwise."""
+        return self._host_uid.uid if self._host_uid else None
 
     async def start(self) -> None:
         if self._started:
@@ -207,10 +319,12 @@ class LocalSandbox(AsyncStartClose):
         cfg = self.config
         if cfg.isolation in ("auto", "bwrap"):
             ok, detail = bwrap_works()
-            if ok:
-                self._bwrap = detail
-            elif cfg.isolation == "bwrap":
-                raise SandboxError(f"isolation='bwrap' was asked for, but {detail}.")
+            if not ok:
+                raise SandboxError(
+                    f"the local sandbox needs bubblewrap, but {detail}. Install it, use the docker "
+                    "backend, or run commands with no isolation at all by setting isolation='none'."
+                )
+            self._bwrap = detail
         mode = "bwrap" if self._bwrap else "none"
         if mode not in _warned:
             _warned.add(mode)
@@ -218,20 +332,26 @@ class LocalSandbox(AsyncStartClose):
                 "local sandbox (%s): weaker isolation than Docker; see agentrl.sandboxes.local for what is and is not contained",
                 mode,
             )
-        if cfg.workdir:
-            path = Path(cfg.workdir).resolve()
-            path.mkdir(parents=True, exist_ok=True)
-        else:
-            _cleanup.on_exit(_remove_live_workdirs)
-            path = Path(tempfile.mkdtemp(prefix="agentrl-ws-"))
-            _live_workdirs.add(str(path))
-            self._own_workdir = True
-        self.workdir = str(path)
-        if not self._bwrap:  # the host's /tmp is shared: each sandbox gets its own TMPDIR
-            _cleanup.on_exit(_remove_live_workdirs)
-            self._tmpdir = tempfile.mkdtemp(prefix="agentrl-tmp-")
-            _live_workdirs.add(self._tmpdir)
         try:
+            if os.geteuid() == 0:
+                self._host_uid = HostUid()
+            if cfg.workdir:
+                path = Path(cfg.workdir).resolve()
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                _cleanup.on_exit(_remove_live_workdirs)
+                path = Path(tempfile.mkdtemp(prefix="agentrl-ws-"))
+                _live_workdirs.add(str(path))
+                self._own_workdir = True
+            self.workdir = str(path)
+            if self.uid is not None:
+                _chown_tree(path, self.uid)
+            if not self._bwrap:  # the host's /tmp is shared: each sandbox gets its own TMPDIR
+                _cleanup.on_exit(_remove_live_workdirs)
+                self._tmpdir = tempfile.mkdtemp(prefix="agentrl-tmp-")
+                _live_workdirs.add(self._tmpdir)
+                if self.uid is not None:
+                    os.chown(self._tmpdir, self.uid, self.uid)
             if cfg.cgroup:
                 self._cgroup = Cgroup.create(cfg.processes, cfg.memory_bytes)
             self._started = True
@@ -246,27 +366,37 @@ class LocalSandbox(AsyncStartClose):
         self.base_commit, self._git_fingerprint = setup.output.split()[:2]
 
     # -- commands --
-    def _argv(self, cmd: str, cwd: str) -> list[str]:
-        if not self._bwrap:
-            return ["bash", "-c", cmd]
-        argv = [
-            self._bwrap,
-            "--unshare-all",
-            "--unshare-user",
-            "--uid",
-            str(SANDBOX_UID),
-            "--gid",
-            str(SANDBOX_UID),
-        ]
-        argv += ["--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
-        argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        for hidden in ("/root", "/home", self._hidden_cwd):
-            if os.path.isdir(hidden) and hidden != "/":
-                argv += ["--tmpfs", hidden]
-        for keep in {sys.prefix, sys.base_prefix}:
-            if os.path.isdir(keep):
-                argv += ["--ro-bind", keep, keep]
-        argv += ["--bind", self.workdir, self.workdir, "--chdir", cwd, "bash", "-c", cmd]
+    def _bwrap_argv(self, argv: list[str], cwd: str) -> list[str]:
+        hidden = [h for h in ("/root", "/home", self._hidden_cwd) if os.path.isdir(h) and h != "/"]
+        if self.uid is None:
+            out = [self._bwrap, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID)]
+            out += ["--gid", str(SANDBOX_UID)]
+        else:  # root: bwrap needs no user namespace, and the command drops to the sandbox's host uid
+            out = [self._bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+            out += ["--unshare-cgroup-try"]
+        out += ["--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
+        out += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+        for directory in hidden:
+            out += ["--tmpfs", directory]
+        for keep in sorted({sys.prefix, sys.base_prefix}):
+            if not os.path.isdir(keep):
+                continue
+            # the directories bwrap makes on a tmpfs to mount on are root-only: open them up
+            for parent in reversed(Path(keep).parents):
+                if any(parent.is_relative_to(h) and str(parent) != h for h in hidden):
+                    out += ["--perms", "0755", "--dir", str(parent)]
+            out += ["--ro-bind", keep, keep]
+        out += ["--bind", self.workdir, self.workdir, "--chdir", cwd]
+        if self.uid is not None:
+            ids = [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
+            out += ["setpriv", *ids, "--inh-caps=-all", "--bounding-set=-all", "--"]
+        return out + argv
+
+    def _argv(self, argv: list[str], cwd: str) -> list[str]:
+        if self._bwrap:
+            return self._bwrap_argv(argv, cwd)
+        if self.uid is None and self._cgroup is None:
+            return [sys.executable, "-I", "-S", str(REAPER), *argv]
         return argv
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
@@ -277,6 +407,7 @@ class LocalSandbox(AsyncStartClose):
             "HOME": home,
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",  # keeps __pycache__ out of the workspace diff
+            "PYTHONNOUSERSITE": "1",  # nothing outside the workspace on the import path
             "AGENTRL_BASE": self.base_commit or "",
         }
         if self._tmpdir:
@@ -286,8 +417,7 @@ class LocalSandbox(AsyncStartClose):
     def _limits(self, timeout: float):
         cfg = self.config
         cpu = int(timeout) + 2
-
-        cgroup = self._cgroup
+        cgroup, uid, bwrap = self._cgroup, self.uid, self._bwrap
 
         def apply() -> None:
             if cgroup is not None:
@@ -297,13 +427,77 @@ class LocalSandbox(AsyncStartClose):
                 resource.setrlimit(resource.RLIMIT_NPROC, (cfg.processes, cfg.processes))
             resource.setrlimit(resource.RLIMIT_FSIZE, (cfg.max_file_bytes, cfg.max_file_bytes))
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            if uid is not None and not bwrap:  # bwrap as root drops to the uid itself (setpriv)
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
         return apply
 
     def _resolve_cwd(self, cwd: str | None) -> str:
         if not cwd:
             return self.workdir
-        return str(self._inside(cwd))
+        root = Path(self.workdir).resolve()
+        target = (root / cwd).resolve()
+        if not target.is_relative_to(root):
+            raise PermissionError(
+                f"{cwd!r} resolves to {target}, outside the workspace {root}; "
+                "paths must stay inside it (no '..' or symlinks out)"
+            )
+        return str(target)
+
+    async def _spawn(self, argv: list[str], cwd: str, env, timeout: float, stdout, stdin=None):
+        """Start ``argv`` as the sandbox runs commands (namespaces, user, limits); returns the process."""
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv(argv, cwd),
+            cwd=cwd,
+            env=self._env(env),
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout is not subprocess.PIPE else subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=self._limits(timeout),
+        )
+        self._procs.add(proc)
+        return proc
+
+    async def _wait(self, proc, timeout: float, pids_before: int) -> tuple[bool, bool]:
+        """Wait for a command; returns (timed out, pids limit hit). With a cgroup, a fork refused at
+        its process limit (a fork bomb) ends the wait at once, as the timeout does."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True, bool(self._cgroup and self._cgroup.pids_refused() > pids_before)
+            step = min(left, 0.1) if self._cgroup else left
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), step)
+            refused = bool(self._cgroup and self._cgroup.pids_refused() > pids_before)
+            if refused or proc.returncode is not None:
+                return False, refused
+
+    async def _stop(self, proc) -> None:
+        """Kill a command and everything it started."""
+        if self._bwrap is None and self.uid is None and self._cgroup is None:
+            # the reaper kills what the command left behind when told to stop; give it a moment
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 2.0)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Kill what may be left of the sandbox's commands (bwrap's PID namespaces need nothing)."""
+        if self._bwrap:
+            return
+        if self.uid is not None:
+            kill_uid(self.uid)
+        elif self._cgroup is not None:
+            self._cgroup.kill_all()
 
     async def exec(
         self,
@@ -326,30 +520,20 @@ class LocalSandbox(AsyncStartClose):
         workdir = self._resolve_cwd(cwd)
         start = time.perf_counter()
         oom_before = self._cgroup.oom_kills() if self._cgroup else 0
+        pids_before = self._cgroup.pids_refused() if self._cgroup else 0
         with tempfile.TemporaryFile() as out:
-            proc = await asyncio.create_subprocess_exec(
-                *self._argv(cmd, workdir),
-                cwd=workdir,
-                env=self._env(env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=self._limits(timeout),
-            )
-            self._groups.add(proc.pid)
-            timed_out = False
+            proc = await self._spawn(["bash", "-c", cmd], workdir, env, timeout, out)
             try:
-                await asyncio.wait_for(proc.wait(), timeout)
-            except TimeoutError:
-                timed_out = True
-                self._kill_group(proc.pid)
-                await proc.wait()
+                timed_out, pids_exhausted = await self._wait(proc, timeout, pids_before)
             except asyncio.CancelledError:
-                self._kill_group(proc.pid)
+                await asyncio.shield(self._stop(proc))
                 raise
-            if self._bwrap:
-                self._groups.discard(proc.pid)  # its PID namespace, and everything in it, is gone
+            finally:
+                self._procs.discard(proc)
+            if timed_out or pids_exhausted:
+                await self._stop(proc)
+            else:
+                self._sweep()  # background processes do not outlive their command here
             size = out.seek(0, os.SEEK_END)
             out.seek(0)
             if size > cap:
@@ -359,39 +543,54 @@ class LocalSandbox(AsyncStartClose):
             else:
                 text = out.read().decode("utf-8", errors="replace")
         code = proc.returncode
-        exit_code = 124 if timed_out else (128 - code if code < 0 else code)
+        exit_code = 124 if timed_out else 137 if pids_exhausted else (128 - code if code < 0 else code)
+        oom = bool(self._cgroup and self._cgroup.oom_kills() > oom_before)
         return ExecResult(
             exit_code=exit_code,
             output=text,
             timed_out=timed_out,
             truncated=size > cap,
-            oom_killed=bool(self._cgroup and self._cgroup.oom_kills() > oom_before),
+            oom_killed=oom,
+            pids_exhausted=pids_exhausted,
+            killed=exit_code == 137 and not (timed_out or oom or pids_exhausted),
             duration_s=time.perf_counter() - start,
         )
 
-    def _kill_group(self, pgid: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-
     # -- files --
-    def _inside(self, path: str) -> Path:
-        """Resolve ``path`` (relative to the workspace, or absolute inside it); refuse anything outside."""
-        root = Path(self.workdir).resolve()
-        target = (root / path).resolve()
-        if not target.is_relative_to(root):
-            raise PermissionError(
-                f"{path!r} resolves to {target}, outside the workspace {root}; "
-                "paths must stay inside it (no '..' or symlinks out)"
-            )
-        return target
+    async def _file_op(self, op: str, path: str, data: bytes | None = None) -> bytes:
+        """Run one ``FILE_OPS`` operation the way commands run (as the sandbox's user); its stdout."""
+        if not self._started or self._closed:
+            raise SandboxError("the sandbox is not started or already closed")
+        argv = ["bash", "-c", FILE_OPS, "agentrl", op, self.workdir, path]
+        stdin = subprocess.PIPE if data is not None else None
+        proc = await self._spawn(argv, self.workdir, None, FILE_OP_TIMEOUT, subprocess.PIPE, stdin)
+        try:
+            stdout, stderr = await asyncio.wait_for(proc.communicate(data), FILE_OP_TIMEOUT)
+        except (TimeoutError, asyncio.CancelledError):
+            await asyncio.shield(self._stop(proc))
+            raise
+        finally:
+            self._procs.discard(proc)
+        error = file_op_error(proc.returncode, op, path, self.workdir, stdout, stderr)
+        if error is not None:
+            raise error
+        return stdout
 
     async def read_file(self, path: str) -> bytes:
-        target = self._inside(path)
-        if not target.is_file():
-            raise FileNotFoundError(f"{path} does not exist in the sandbox workspace")
-        return target.read_bytes()
+        """The bytes of a file inside the workspace, read as the sandbox's user."""
+        return await self._file_op("read", path)
 
-    def _make_parents(self, target: Path) -> None:
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write a file inside the workspace as the sandbox's user (parents made, mode kept if it exists)."""
+        await self._file_op("write", path, data.encode() if isinstance(data, str) else data)
+
+    async def upload(self, local_path: str, dest: str) -> None:
+        """Copy a local file or directory to ``dest`` in the workspace (the environment's own files,
+        before the agent starts; owned by the sandbox's user)."""
+        source = Path(local_path)
+        if not source.exists():
+            raise FileNotFoundError(f"upload source {source} does not exist")
+        target = Path(self._resolve_cwd(dest))
         missing = []
         parent = target.parent
         while not parent.exists():
@@ -399,22 +598,14 @@ class LocalSandbox(AsyncStartClose):
             parent = parent.parent
         for directory in reversed(missing):
             directory.mkdir()
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        target = self._inside(path)
-        self._make_parents(target)
-        target.write_bytes(data.encode() if isinstance(data, str) else data)
-
-    async def upload(self, local_path: str, dest: str) -> None:
-        source = Path(local_path)
-        if not source.exists():
-            raise FileNotFoundError(f"upload source {source} does not exist")
-        target = self._inside(dest)
-        self._make_parents(target)
+            if self.uid is not None:
+                os.chown(directory, self.uid, self.uid)
         if source.is_dir():
             shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
         else:
             shutil.copy2(source, target)
+        if self.uid is not None:
+            _chown_tree(target, self.uid)
 
     async def diff(self, base: str | None = None) -> str:
         result = await self.exec(diff_script(base or self.base_commit), timeout=120, output_cap=256 * 2**20)
@@ -428,14 +619,15 @@ class LocalSandbox(AsyncStartClose):
     async def reset(self) -> bool:
         if not await self.alive():
             return False
-        for pgid in list(self._groups):
-            self._kill_group(pgid)
-        self._groups.clear()
-        if self._cgroup is not None:
-            self._cgroup.kill_all()
+        for proc in list(self._procs):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._sweep()
         if self._tmpdir:  # the next user starts with an empty TMPDIR, as with a fresh /tmp
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             os.mkdir(self._tmpdir, 0o700)
+            if self.uid is not None:
+                os.chown(self._tmpdir, self.uid, self.uid)
         result = await self.exec(
             'git reset -q --hard "$AGENTRL_BASE" && git clean -qffdx && [ -z "$(git status --porcelain)" ] && '
             "git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum",
@@ -450,11 +642,15 @@ class LocalSandbox(AsyncStartClose):
         if self._closed:
             return
         self._closed = True
-        for pgid in list(self._groups):
-            self._kill_group(pgid)
-        self._groups.clear()
+        for proc in list(self._procs):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._procs.clear()
+        loop = asyncio.get_running_loop()
         if self._cgroup is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._cgroup.remove)
+            await loop.run_in_executor(None, self._cgroup.remove)
+        if self._host_uid is not None:
+            await loop.run_in_executor(None, self._host_uid.release)
         if self._own_workdir and self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             _live_workdirs.discard(self.workdir)

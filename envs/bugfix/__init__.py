@@ -1,9 +1,12 @@
 """``bugfix-v0``: fix the one bug in a small generated Python project so that its pytest suite passes.
 
-Reward is 1 if and only if the whole suite passes after the agent's edits, graded in the sandbox
-after resetting it to the task and re-applying only the agent's changes to the package's source:
-edits to tests or new test configuration (``conftest.py``, ``pytest.ini``, ...) do not count. The
-number of passing tests must equal the task's, so skipping or deselecting tests earns nothing.
+Reward is 1 if and only if the whole suite passes after the agent's edits, graded in a fresh
+sandbox (never the one the agent used, which is closed first with every process in it) holding the
+task's pristine files plus the agent's diff filtered to the package's non-test source
+(``agentrl.patches``): edits to tests, test configuration (``conftest.py``, ``pytest.ini``, ...)
+or start-up hooks (``*.pth``, ``sitecustomize.py``) do not count. The grader runs with a cleared
+environment and no bytecode. The number of passing tests must equal the task's, so skipping or
+deselecting tests earns nothing.
 
 Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
 ``packages`` / ``modules`` (the names drawn from; a single name each fixes the file layout),
@@ -38,8 +41,9 @@ from agentrl.envs.bugfix.generator import (
     fails_after,
     generate,
 )
+from agentrl.patches import filter_patch
 from agentrl.rollout.scripted import Miss, Untrained
-from agentrl.sandbox import diff_script, make_sandbox
+from agentrl.sandbox import SandboxError, make_sandbox
 from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
 
 SYSTEM_PROMPT = (
@@ -153,6 +157,7 @@ class BugfixEnv:
         self._turns = 0
         self._done = False
         self._base = ""
+        self.last_grade: dict[str, Any] | None = None
 
     # -- tasks --
     def task(self, split: str, index: int) -> Task:
@@ -189,25 +194,30 @@ class BugfixEnv:
         self.spec = self.task_spec(task)
         self.sandbox = make_sandbox(self.backend, **self.sandbox_config)
         await self.sandbox.start()
+        self._base = await self._install_task(self.sandbox)
+        self._tools = CodingTools(
+            self.sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
+        )
+        self._turns, self._done = 0, False
+        self.last_grade = None
+        return self.observation(task)
+
+    async def _install_task(self, sandbox) -> str:
+        """Put the task's files in ``sandbox``'s workspace and commit them; returns the commit."""
         with tempfile.TemporaryDirectory(prefix="agentrl-bugfix-") as tmp:
             root = Path(tmp) / "task"
             for path, content in self.spec.files.items():
                 (root / path).parent.mkdir(parents=True, exist_ok=True)
                 (root / path).write_text(content)
             os.chmod(root, 0o755)
-            await self.sandbox.upload(str(root), self.sandbox.workdir)
-        setup = await self.sandbox.exec(
+            await sandbox.upload(str(root), sandbox.workdir)
+        setup = await sandbox.exec(
             "git add -A && git -c user.name=agentrl -c user.email=agentrl@localhost commit -qm task && git rev-parse HEAD",
             timeout=60,
         )
         if setup.exit_code != 0:
             raise RuntimeError(f"bugfix task setup failed in the sandbox: {setup.output[-500:]}")
-        self._base = setup.output.split()[-1]
-        self._tools = CodingTools(
-            self.sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
-        )
-        self._turns, self._done = 0, False
-        return self.observation(task)
+        return setup.output.split()[-1]
 
     def observation(self, task: Task) -> Observation:
         """What ``reset(task)`` returns, without making a sandbox (e.g. to render a prompt ahead)."""
@@ -263,41 +273,81 @@ class BugfixEnv:
 
     async def _finish(self, records, errors, status) -> StepResult:
         self._done = True
-        reward = await self.grade()
+        try:
+            patch = await self.sandbox.diff(self._base)
+        except SandboxError as e:  # the workspace cannot be read (its sandbox died): nothing to grade
+            patch, report = None, {"error": f"the workspace could not be read: {e}"}
+        await self._close_sandbox()  # every process the agent started goes with it, before grading
+        if patch is None:
+            reward, self.last_grade = 0.0, {"reward": 0.0, **report}
+        else:
+            reward = await self.grade_patch(patch)
         return StepResult(
-            [], reward, True, {"tool_calls": records, "tool_call_errors": errors, "status": status}
+            [],
+            reward,
+            True,
+            {"tool_calls": records, "tool_call_errors": errors, "status": status, "grade": self.last_grade},
         )
 
     async def grade(self) -> float:
-        """1.0 when the task's whole suite passes with the agent's source edits applied to a clean task checkout."""
+        """Grade the workspace as it is now (``grade_patch`` of its diff); the episode's sandbox stays."""
         if self.sandbox is None or self.spec is None:
             raise RuntimeError("grade() needs a reset() first")
-        package = self.spec.package
+        return await self.grade_patch(await self.sandbox.diff(self._base))
+
+    async def grade_patch(self, patch: str) -> float:
+        """1.0 when the task's whole suite passes with ``patch``'s edits of the package's source.
+
+        Never in the agent's sandbox: a fresh one gets the task's pristine files, the patch filtered
+        to the package's non-test source (``agentrl.patches``), and the grader with a cleared
+        environment and no bytecode. The report (dropped paths, whether it applied, the verdict's
+        last lines) is ``self.last_grade``."""
+        if self.spec is None:
+            raise RuntimeError("grade_patch() needs a reset() first")
+        kept, dropped = filter_patch(patch, [self.spec.package])
+        report: dict[str, Any] = {"dropped_paths": [f"{p} ({why})" for p, why in dropped]}
+        self.last_grade = report
+        async with make_sandbox(self.backend, **self.sandbox_config) as sandbox:
+            await self._install_task(sandbox)
+            if kept:
+                await sandbox.write_file(".git/agentrl-submission.patch", kept)
+                applied = await sandbox.exec(
+                    "git apply --whitespace=nowarn .git/agentrl-submission.patch && rm .git/agentrl-submission.patch",
+                    timeout=60,
+                )
+                report["applied"] = applied.exit_code == 0
+                if applied.exit_code != 0:
+                    report.update(reward=0.0, output=applied.output[-500:])
+                    return 0.0
+            reward, output = await self._run_grader(sandbox)
+        report.update(reward=reward, output=output[-500:])
+        return reward
+
+    async def _run_grader(self, sandbox) -> tuple[float, str]:
+        # A cleared environment: only what the sandbox itself sets for a command, no PYTHON*/PYTEST*
+        # variable, no user site, no bytecode written or read from a cache the tree could carry.
+        clear = (
+            'env -i PATH="$PATH" HOME="$HOME" LANG=C.UTF-8 TZ=UTC PYTHONHASHSEED=0 '
+            'PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 ${TMPDIR:+TMPDIR="$TMPDIR"} '
+        )
         if self.grader == "python":
             nonce = secrets.token_hex(8)
-            run = f'python3 -I -c {shlex.quote(_RUNNER)} {nonce} > "$tmp/grade.log" 2>&1'
+            run = f"{clear}python3 -I -B -c {shlex.quote(_RUNNER)} {nonce}"
         else:
             # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
             # has installed, and a start-up without entry-point plugins costs about half as much
-            run = 'PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p no:cacheprovider tests > "$tmp/grade.log" 2>&1'
-        # TMPDIR: where /tmp is shared with other sandboxes (a local one without bubblewrap), its own
-        script = (
-            'tmp="${TMPDIR:-/tmp}" && '
-            f'( {diff_script(self._base, [package + "/"])} ) > "$tmp/agent.patch" && '
-            f"git reset -q --hard {self._base} && git clean -qffdx && "
-            '{ test ! -s "$tmp/agent.patch" || git apply "$tmp/agent.patch"; } && '
-            f'{run}; rc=$?; tail -n 5 "$tmp/grade.log"; exit $rc'
-        )
-        r = await self.sandbox.exec(script, timeout=120)
+            run = f"{clear}PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -B -m pytest -q -p no:cacheprovider tests"
+        r = await sandbox.exec(f"find . -name __pycache__ -prune -exec rm -rf {{}} +; {run}", timeout=120)
         if r.exit_code != 0:
-            return 0.0
+            return 0.0, r.output
         if self.grader == "python":
             match = re.findall(rf"^{nonce} (\d+) passed (\d+) failed$", r.output, re.MULTILINE)
-            return 1.0 if match and int(match[-1][1]) == 0 and int(match[-1][0]) == self.spec.n_tests else 0.0
+            ok = bool(match) and int(match[-1][1]) == 0 and int(match[-1][0]) == self.spec.n_tests
+            return (1.0 if ok else 0.0), r.output
         match = _PASSED.findall(r.output)
         passed = int(match[-1]) if match else 0
         ok = "failed" not in r.output and "error" not in r.output.lower() and passed == self.spec.n_tests
-        return 1.0 if ok else 0.0
+        return (1.0 if ok else 0.0), r.output
 
     async def _close_sandbox(self) -> None:
         if self.sandbox is not None:

@@ -1,0 +1,168 @@
+"""What of an agent's patch may reach the grader: its edits to the task's source, nothing else.
+
+An agent's workspace diff is untrusted input. Grading applies it to a pristine checkout in a fresh
+sandbox, so a patch is the one way an agent's work reaches the verdict; ``filter_patch`` keeps the
+file sections that edit the task's non-test source and drops, with the reason, every section
+that could change how the verdict is reached instead of what is judged:
+
+- paths outside the source directories, absolute paths, ``..``, anything under ``.git``;
+- tests: a ``test``/``tests``/``testing`` directory anywhere on the path, ``test_*.py``,
+  ``*_test.py``, ``conftest.py``, and anything at or under a hidden test path of the task;
+- test and build configuration: ``pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``,
+  ``setup.py``, ``.pytest.ini``, ``noxfile.py``;
+- Python start-up hooks: ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``;
+- binary patches and symlinks (mode 120000); renames and copies (diffs are made with
+  ``--no-renames``; one that has them was not made by agentrl);
+- sections whose header cannot be read.
+
+The reward hacks this closes are those seen in the wild on SWE-style tasks: edited or added
+tests, a root ``conftest.py`` whose hook rewrites outcomes, pytest options from config files,
+and ``.pth``/``sitecustomize`` files that patch the test runner at start-up.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import posixpath
+from dataclasses import dataclass
+
+TEST_DIRS = frozenset({"test", "tests", "testing"})
+TEST_FILES = ("test_*.py", "*_test.py", "conftest.py")
+CONFIG_FILES = frozenset(
+    {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "setup.py", "noxfile.py"}
+)
+STARTUP_HOOKS = ("sitecustomize.py", "usercustomize.py", "*.pth")
+
+
+@dataclass
+class FileDiff:
+    """One file's section of a git patch."""
+
+    path: str
+    """The file's path relative to the tree (the new path; the old one for a deletion); "" if unreadable."""
+    text: str
+    """The whole section, from its ``diff --git`` line."""
+    problem: str | None = None
+    """Why the section cannot be applied as an edit of a text file (binary, symlink, rename, ...)."""
+
+
+def _unquote(text: str) -> tuple[str, str] | None:
+    """Read one path from the start of ``text`` (C-quoted by git when it holds odd characters);
+    returns (path, the rest) or None."""
+    if not text.startswith('"'):
+        return None
+    end = 1
+    while end < len(text):
+        if text[end] == "\\":
+            end += 2
+            continue
+        if text[end] == '"':
+            break
+        end += 1
+    if end >= len(text):
+        return None
+    try:
+        # git's quoting is C's: octal escapes of UTF-8 bytes, \t, \n, \", \\.
+        raw = ast.literal_eval("b" + text[: end + 1])
+        return raw.decode("utf-8", errors="replace"), text[end + 1 :]
+    except (ValueError, SyntaxError):
+        return None
+
+
+def _header_paths(line: str) -> tuple[str, str] | None:
+    """The a/ and b/ paths of a ``diff --git a/X b/Y`` line, or None when it cannot be read."""
+    rest = line[len("diff --git ") :]
+    if rest.startswith('"'):
+        first = _unquote(rest)
+        if first is None:
+            return None
+        a, rest = first
+        rest = rest.lstrip(" ")
+        second = _unquote(rest) if rest.startswith('"') else (rest, "")
+        if second is None:
+            return None
+        b = second[0]
+    elif rest.endswith('"'):
+        at = rest.rfind(' "')
+        second = _unquote(rest[at + 1 :]) if at >= 0 else None
+        if second is None:
+            return None
+        a, b = rest[:at], second[0]
+    else:
+        # Without renames both sides name the same file: "a/P b/P", so P is half of what is left.
+        if (len(rest) - 5) % 2:
+            return None
+        n = (len(rest) - 5) // 2
+        a, b = rest[: 2 + n], rest[3 + n :]
+        if a[2:] != b[2:]:
+            return None
+    if not (a.startswith("a/") and b.startswith("b/")):
+        return None
+    return a[2:], b[2:]
+
+
+def split_patch(patch: str) -> list[FileDiff]:
+    """The file sections of a git patch, each with its path and what makes it unappliable (if anything)."""
+    sections: list[list[str]] = []
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("diff --git "):
+            sections.append([line])
+        elif sections:
+            sections[-1].append(line)
+    files = []
+    for lines in sections:
+        text = "".join(lines)
+        paths = _header_paths(lines[0].rstrip("\n"))
+        if paths is None:
+            files.append(FileDiff("", text, "its header cannot be read"))
+            continue
+        old, new = paths
+        problem = None
+        for line in lines[1:]:
+            if line.startswith("@@"):
+                break
+            if line.startswith(("rename from", "rename to", "copy from", "copy to")):
+                problem = "a rename or copy"
+            elif line.startswith(("GIT binary patch", "Binary files")):
+                problem = "a binary patch"
+            elif line.rstrip("\n").endswith(" 120000") and line.startswith(("new file mode", "new mode", "old mode", "deleted file mode")):
+                problem = "a symlink"
+        files.append(FileDiff(new or old, text, problem))
+    return files
+
+
+def path_problem(path: str, source_dirs: list[str], hidden_paths: tuple[str, ...] = ()) -> str | None:
+    """Why an edit of ``path`` may not reach the grader; None when it is an edit of the task's source."""
+    if not path or path.startswith("/") or posixpath.normpath(path) != path:
+        return "a path outside the tree"
+    parts = path.split("/")
+    name = parts[-1]
+    if parts[0] == ".git":
+        return "git's own files"
+    if any(path == h or path.startswith(h.rstrip("/") + "/") for h in hidden_paths):
+        return "a hidden test path"
+    if TEST_DIRS.intersection(parts[:-1]) or any(fnmatch.fnmatch(name, p) for p in TEST_FILES):
+        return "a test file"
+    if name in CONFIG_FILES:
+        return "test or build configuration"
+    if any(fnmatch.fnmatch(name, p) for p in STARTUP_HOOKS):
+        return "a Python start-up hook"
+    if not any(path.startswith(d.rstrip("/") + "/") for d in source_dirs):
+        return f"outside the source directories ({', '.join(source_dirs)})"
+    return None
+
+
+def filter_patch(
+    patch: str, source_dirs: list[str], hidden_paths: tuple[str, ...] = ()
+) -> tuple[str, list[tuple[str, str]]]:
+    """Keep the sections of ``patch`` that edit the task's source; returns (kept patch, [(path, why
+    dropped), ...]). ``source_dirs``: directories (relative to the tree) holding the source."""
+    kept, dropped = [], []
+    for section in split_patch(patch):
+        why = section.problem or path_problem(section.path, source_dirs, hidden_paths)
+        if why is None:
+            kept.append(section.text)
+        else:
+            dropped.append((section.path or section.text.splitlines()[0][:200], why))
+    return "".join(kept), dropped

@@ -1,0 +1,171 @@
+"""Reward hacks of a hostile agent on bugfix-v0, run for real through the environment's tools on both
+backends: none of them earns a reward. Each would have earned 1 where the grader ran in the agent's
+own sandbox and its file editor wrote as root."""
+
+import asyncio
+import io
+import tarfile
+
+import pytest
+
+from agentrl.env import make
+from agentrl.envs.bugfix import _RUNNER
+from agentrl.tools import ToolCall
+from tests.conftest import require_docker
+
+# A start-up hook that makes every pytest test pass and rewrites the plain-Python grader's summary.
+PROBE_HOOK = """
+import builtins, re
+try:
+    import _pytest.python
+    _pytest.python.Function.runtest = lambda self: None
+except Exception:
+    pass
+_print = builtins.print
+def _forged(*args, **kwargs):
+    if args and isinstance(args[0], str):
+        args = (re.sub(r"(\\d+) passed (\\d+) failed$", lambda m: f"{int(m[1]) + int(m[2])} passed 0 failed", args[0]),) + args[1:]
+    _print(*args, **kwargs)
+builtins.print = _forged
+"""
+SITE_DIRS = {"docker": "/usr/lib/python3/dist-packages", "local": None}  # local: this Python's own
+
+
+@pytest.fixture(params=["docker", "local"])
+def backend(request):
+    if request.param == "docker":
+        require_docker()
+    return request.param
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def editor(command: str, path: str, **kw) -> ToolCall:
+    return ToolCall("str_replace_editor", {"command": command, "path": path, **kw})
+
+
+def site_dir(backend: str) -> str:
+    if SITE_DIRS[backend]:
+        return SITE_DIRS[backend]
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+@pytest.mark.parametrize("grader", ["pytest", "python"])
+def test_pth_hook_on_the_import_path_earns_nothing(backend, grader):
+    """The editor (and bash) cannot put a hook on Python's import path; the hook in the workspace is
+    dropped from the patch; 0 of 3 episodes per grader earn a reward."""
+    site = site_dir(backend)
+
+    async def go():
+        env = make("bugfix-v0", sandbox=backend, grader=grader)
+        rewards, observations = [], []
+        try:
+            for task in env.tasks("train", 3):
+                await env.reset(task)
+                result = await env.step(
+                    [
+                        editor("create", f"{site}/probe_hook.py", file_text=PROBE_HOOK),
+                        editor("create", f"{site}/zzz_probe.pth", file_text="import probe_hook\n"),
+                        ToolCall(
+                            "bash",
+                            {
+                                "command": f"cp /dev/null {site}/zzz_probe2.pth; echo '{PROBE_HOOK[:40]}' > {site}/x.py"
+                            },
+                        ),
+                        # the same files in the workspace, where the grader's Python might read them
+                        editor("create", "probe_hook.py", file_text=PROBE_HOOK),
+                        editor("create", "zzz_probe.pth", file_text="import probe_hook\n"),
+                        editor("create", "sitecustomize.py", file_text="import probe_hook\n"),
+                        editor(
+                            "create", f"{env.spec.package}/zzz_probe.pth", file_text="import probe_hook\n"
+                        ),
+                        editor("create", "conftest.py", file_text="import probe_hook\n"),
+                    ]
+                )
+                observations.append([m["content"] for m in result.observation])
+                result = await env.step([ToolCall("submit", {})])
+                rewards.append(result.reward)
+                dropped = " ".join(result.info["grade"]["dropped_paths"])
+                assert (
+                    "sitecustomize.py" in dropped and "zzz_probe.pth" in dropped and "conftest.py" in dropped
+                )
+        finally:
+            await env.close()
+        return rewards, observations
+
+    rewards, observations = run(go())
+    assert rewards == [0.0, 0.0, 0.0]
+    for obs in observations:
+        assert obs[0].startswith("error:") and "outside the workspace" in obs[0]
+        assert obs[1].startswith("error:") and "outside the workspace" in obs[1]
+        assert "[exit code 0]" not in obs[2]  # bash as the sandbox's user cannot write there either
+
+
+def test_the_hook_is_a_real_forgery_where_root_can_place_it():
+    """Control: placed on the import path by root (what the file editor's archive-API writes did),
+    the same hook turns an unfixed task's verdict into a pass in that sandbox, with either grader."""
+    require_docker()
+
+    def tar_of(files: dict[str, str]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, text in files.items():
+                data = text.encode()
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    async def go():
+        env = make("bugfix-v0", sandbox="docker")
+        try:
+            task = env.task("train", 0)
+            await env.reset(task)
+            sb = env.sandbox
+            archive = tar_of({"probe_hook.py": PROBE_HOOK, "zzz_probe.pth": "import probe_hook\n"})
+            sb._client.api.put_archive(sb.container_id, SITE_DIRS["docker"], archive)
+            pytest_run = await sb.exec(
+                "python3 -m pytest -q -p no:cacheprovider tests | tail -n 1", timeout=120
+            )
+            plain = await sb.exec(f"python3 -c {_quote(_RUNNER)} NONCE", timeout=120)
+            return env.spec.n_tests, pytest_run.output, plain.output
+        finally:
+            await env.close()
+
+    n_tests, pytest_out, plain_out = run(go())
+    assert f"{n_tests} passed" in pytest_out and "failed" not in pytest_out
+    assert f"NONCE {n_tests} passed 0 failed" in plain_out
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def test_a_background_loop_rewriting_the_tests_during_grading_earns_nothing(backend):
+    """The agent leaves a loop that rewrites every test to pass and submits without a fix: grading
+    runs elsewhere, after the agent's sandbox and its processes are gone. 0 of 6 episodes."""
+    loop = (
+        "nohup sh -c 'while true; do for f in tests/test_*.py; do "
+        'printf "def test_ok():\\n    pass\\n" > "$f"; done; sleep 0.05; done\' > /dev/null 2>&1 & '
+        "(setsid env -i sh -c 'while true; do sleep 1; done' &); echo started"
+    )
+
+    async def go():
+        env = make("bugfix-v0", sandbox=backend, max_turns=4)
+        rewards = []
+        try:
+            for task in env.tasks("train", 6):
+                await env.reset(task)
+                await env.step([ToolCall("bash", {"command": loop})])
+                result = await env.step([ToolCall("submit", {})])
+                rewards.append(result.reward)
+                assert all("test" in p for p in result.info["grade"]["dropped_paths"]) or backend == "local"
+        finally:
+            await env.close()
+        return rewards
+
+    assert run(go()) == [0.0] * 6

@@ -1,0 +1,193 @@
+"""Attacks on the sandboxes, run for real: escapes from the timeout and from close(), what the
+sandbox's user can reach on the host, writes to Python's import path, and gc under churn."""
+
+import contextlib
+import os
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agentrl.sandbox import SandboxError, make_sandbox
+from tests.conftest import require_docker
+from tests.sandboxes.test_sandbox import SETTINGS, run, sandbox, still_running
+
+AS_ROOT = os.geteuid() == 0
+# Every way a child can leave the command's process group, session or environment.
+ESCAPES = (
+    "sleep 1301 & "
+    "(setsid env -i sleep 1302 &); "
+    "(env -u AGENTRL_EXEC setsid sleep 1303 &); "
+    "(nohup sh -c 'sleep 1304' > /dev/null 2>&1 &); "
+    "(setsid sh -c '(sleep 1305 &)' &); "
+)
+
+
+@pytest.fixture(params=["docker", "local"])
+def backend(request):
+    if request.param == "docker":
+        require_docker()
+    return request.param
+
+
+def host_processes(pattern: str) -> str:
+    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+    return "\n".join(line for line in found.splitlines() if "pgrep" not in line)
+
+
+def test_nothing_escapes_the_timeout_or_close(backend):
+    async def go():
+        async with sandbox(backend) as sb:
+            r = await sb.exec(ESCAPES + "sleep 1300", timeout=2)
+            assert r.timed_out and r.duration_s < 2 + 2
+            assert await still_running(backend, sb, "sleep 130") == ""
+            # Background processes of a command that ends normally: Docker keeps them (a server the
+            # agent starts), the local backend does not; either way none outlives the sandbox.
+            r = await sb.exec(ESCAPES + "echo started", timeout=10)
+            assert r.output == "started\n" and r.duration_s < 5
+        assert host_processes("sleep 130") == ""
+
+    run(go())
+
+
+def test_isolation_none_must_be_asked_for(monkeypatch):
+    from agentrl.sandboxes import local
+
+    monkeypatch.setattr(local, "bwrap_works", lambda: (False, "bwrap is not installed"))
+
+    async def go():
+        with pytest.raises(
+            SandboxError, match="needs bubblewrap, but bwrap is not installed.*isolation='none'"
+        ):
+            async with make_sandbox("local"):
+                pass
+        async with make_sandbox("local", isolation="none") as sb:
+            assert (await sb.exec("echo unisolated", timeout=10)).output == "unisolated\n"
+
+    run(go())
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+def test_local_sandbox_user_is_not_host_root(isolation, tmp_path):
+    """Started as root, the local sandbox's commands run as a host uid of their own: no mode-0600
+    host file, no /etc/shadow, no Docker socket, no write to the Python environment, and nothing
+    left running after a command or after close()."""
+    if not AS_ROOT:
+        pytest.skip("the host-uid drop is what a root process does; here commands run as this user")
+    secret_dir = Path("/var/tmp") / f"agentrl-secret-{uuid.uuid4().hex[:8]}"
+    secret_dir.mkdir(mode=0o755)
+    secret = secret_dir / "key"
+    secret.write_text("host secret\n")
+    secret.chmod(0o600)
+    site = Path(__import__("sysconfig").get_paths()["purelib"])
+
+    async def go():
+        async with (
+            make_sandbox("local", isolation=isolation, **SETTINGS["local"]) as a,
+            make_sandbox("local", isolation=isolation, **SETTINGS["local"]) as b,
+        ):
+            assert a.uid != b.uid and 0 not in (a.uid, b.uid)  # one host uid per sandbox
+            r = await a.exec(
+                f"cat {secret}; cat /etc/shadow; echo x > {site}/zzz_probe.pth; "
+                f"python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/docker.sock')\"; "
+                "id -u",
+                timeout=20,
+            )
+            assert "host secret" not in r.output and "root:" not in r.output
+            assert not (site / "zzz_probe.pth").exists()
+            assert r.output.split()[-1] != "0"
+            assert "Permission denied" in r.output or "No such file" in r.output
+            await a.exec("(setsid env -i sleep 1311 &); sleep 1312 & echo bg", timeout=10)
+            assert host_processes("sleep 131") == ""  # gone with their command, whatever they did
+            if isolation == "none":  # kill -9 -1 as the sandbox's uid reaches only its own processes
+                r = await b.exec("kill -9 -1; echo survived", timeout=10)
+                assert r.output == "survived\n"
+        assert host_processes("sleep 131") == ""
+
+    try:
+        run(go())
+    finally:
+        secret.unlink()
+        secret_dir.rmdir()
+
+
+def test_agent_cannot_write_the_runner_or_the_import_path(backend):
+    """The reward hack of a .pth file on Python's path (or an edited runner) has nowhere to go."""
+
+    async def go():
+        async with sandbox(backend) as sb:
+            listing = await sb.exec(
+                "python3 -c 'import sys; print(\"\\n\".join(p for p in sys.path if p))'", timeout=20
+            )
+            paths = [p for p in listing.output.split() if not p.startswith(sb.workdir)]
+            assert paths
+            probe = "; ".join(f"test -w {p} && echo WRITABLE {p}" for p in paths) + "; true"
+            assert "WRITABLE" not in (await sb.exec(probe, timeout=20)).output
+            user_site = await sb.exec("python3 -c 'import site; print(site.ENABLE_USER_SITE)'", timeout=20)
+            assert user_site.output.strip() == "False"
+            if backend == "docker":
+                r = await sb.exec("echo 'echo forged' > /.agentrl-runner; ls -ld /run/agentrl", timeout=10)
+                assert "Permission denied" in r.output
+                with pytest.raises(PermissionError, match="outside the workspace"):
+                    await sb.write_file("/.agentrl-runner", "echo forged\n")
+                assert (await sb.exec("echo genuine", timeout=10)).output == "genuine\n"
+
+    run(go())
+
+
+def test_gc_survives_containers_coming_and_going():
+    """`agentrl sandbox gc` while other containers are created and removed under it: 20 of 20 runs."""
+    require_docker()
+    import docker
+
+    from agentrl.sandboxes.docker import LABEL, gc
+
+    client = docker.from_env()
+    run_label = f"churn-{uuid.uuid4().hex[:8]}"
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            c = client.containers.create(
+                "agentrl/base:bookworm",
+                ["true"],
+                labels={LABEL: "1", "agentrl.run": run_label, "agentrl.pid": "999999999"},
+            )
+            with contextlib.suppress(docker.errors.APIError):  # gc may be removing it already
+                c.remove(force=True)
+
+    workers = [threading.Thread(target=churn) for _ in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        outcomes = []
+        for _ in range(20):
+            try:
+                gc(run=run_label)
+                outcomes.append("ok")
+            except Exception as e:  # the failure this test exists to catch
+                outcomes.append(repr(e))
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+        gc(run=run_label)
+    assert outcomes == ["ok"] * 20
+
+
+def test_write_file_keeps_the_mode_and_reads_back_large_files(backend):
+    async def go():
+        async with sandbox(backend) as sb:
+            await sb.exec("printf '#!/bin/sh\\necho old\\n' > run.sh && chmod 755 run.sh", timeout=10)
+            await sb.write_file("run.sh", "#!/bin/sh\necho new\n")
+            r = await sb.exec("./run.sh; stat -c %a run.sh", timeout=10)
+            assert r.output.split() == ["new", "755"]
+            data = os.urandom(300_000)  # several chunks through the Docker exec path
+            await sb.write_file("blob.bin", data)
+            assert await sb.read_file("blob.bin") == data
+            await sb.write_file("empty.txt", b"")
+            assert await sb.read_file("empty.txt") == b""
+
+    run(go())

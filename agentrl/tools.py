@@ -1,8 +1,9 @@
 """Tool calls: OpenAI-style specs, the parsers of the model families users train, and the coding tools.
 
-Parsing never raises on what a model wrote. A malformed call becomes a ``ToolCall`` with ``error``
-set, which the environment answers with an observation telling the agent exactly what was wrong;
-the episode goes on and the error is counted.
+Parsing never raises on what a model wrote, and takes time linear in its length (``str.find`` scans,
+no regex that can backtrack). A malformed call becomes a ``ToolCall`` with ``error`` set, which the
+environment answers with an observation telling the agent exactly what was wrong; the episode goes
+on and the error is counted.
 
 Formats (chosen per model in config, ``PARSERS[name]``):
 
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 # --- specs ------------------------------------------------------------------------------------
@@ -138,13 +141,19 @@ def _type_ok(value: Any, json_type: str) -> bool:
     return isinstance(value, _TYPES.get(json_type, (object,)))
 
 
+def _clip(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: error messages quote what the model wrote, not all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def validate_call(call: ToolCall, tools: list[dict[str, Any]]) -> ToolCall:
     """Check a parsed call against the tool specs; sets ``call.error`` with what to fix."""
     if call.error:
         return call
     specs = {t["function"]["name"]: t["function"] for t in tools}
     if call.name not in specs:
-        call.error = f"unknown tool {call.name!r}; the available tools are: {', '.join(specs)}."
+        call.error = f"unknown tool {_clip(call.name)}; the available tools are: {', '.join(specs)}."
         return call
     params = specs[call.name].get("parameters", {})
     props, required = params.get("properties", {}), params.get("required", [])
@@ -154,7 +163,7 @@ def validate_call(call: ToolCall, tools: list[dict[str, Any]]) -> ToolCall:
     if missing:
         problems.append(f"missing required argument(s) {missing}")
     if extra:
-        problems.append(f"unexpected argument(s) {extra} (it takes {sorted(props) or 'none'})")
+        problems.append(f"unexpected argument(s) {_clip(extra, 200)} (it takes {sorted(props) or 'none'})")
     for key, value in call.arguments.items():
         schema = props.get(key)
         if not schema:
@@ -162,7 +171,7 @@ def validate_call(call: ToolCall, tools: list[dict[str, Any]]) -> ToolCall:
         if "type" in schema and not _type_ok(value, schema["type"]):
             problems.append(f"argument {key!r} must be of type {schema['type']}, got {type(value).__name__}")
         elif "enum" in schema and value not in schema["enum"]:
-            problems.append(f"argument {key!r} must be one of {schema['enum']}, got {value!r}")
+            problems.append(f"argument {key!r} must be one of {schema['enum']}, got {_clip(value)}")
     if problems:
         call.error = f"tool {call.name!r}: " + "; ".join(problems) + "."
     return call
@@ -180,7 +189,54 @@ class ParsedTurn:
         return sum(1 for c in self.calls if c.error)
 
 
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_KEY, _KEY_END, _VALUE, _VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+_SPACE = re.compile(r"\s*")
+
+
+def _blocks(text: str) -> tuple[list[tuple[str, str, bool]], str]:
+    """The ``<tool_call>`` blocks of ``text`` as (body, raw, closed), and the text outside them, stripped.
+
+    A block runs to the first ``</tool_call>`` after it opens, or, unclosed, to the end of the text.
+    One left-to-right scan with ``str.find``: time linear in ``len(text)`` whatever the model wrote.
+    """
+    blocks, outside, pos = [], [], 0
+    while (start := text.find(_OPEN, pos)) >= 0:
+        outside.append(text[pos:start])
+        end = text.find(_CLOSE, start + len(_OPEN))
+        pos = len(text) if end < 0 else end + len(_CLOSE)
+        body = text[start + len(_OPEN) : len(text) if end < 0 else end]
+        blocks.append((body, text[start:pos], end >= 0))
+    outside.append(text[pos:])
+    return blocks, "".join(outside).strip()
+
+
+MAX_CALLS_PER_TURN = 256
+"""Calls read from one turn; past it, one error call says how many there were. No model writes this
+many on purpose; the limit bounds the parse time (and the env's work) of a turn that repeats a call."""
+
+
+def _read_blocks(
+    blocks: list[tuple[str, str, bool]], read: Callable[[str, str, str], ToolCall]
+) -> list[ToolCall]:
+    """``read(body, raw, call_id)`` of each closed block; an error call for each unclosed one."""
+    calls = []
+    for i, (body, raw, closed) in enumerate(blocks[:MAX_CALLS_PER_TURN]):
+        if closed:
+            calls.append(read(body, raw, f"call_{i}"))
+        else:
+            calls.append(
+                ToolCall("", id=f"call_{i}", raw=raw, error=f"the tool call is not closed with {_CLOSE}.")
+            )
+    if len(blocks) > MAX_CALLS_PER_TURN:
+        error = (
+            f"this turn has {len(blocks)} tool calls and only the first {MAX_CALLS_PER_TURN} were read; "
+            f"make at most {MAX_CALLS_PER_TURN} calls per turn."
+        )
+        calls.append(
+            ToolCall("", id=f"call_{MAX_CALLS_PER_TURN}", raw=blocks[MAX_CALLS_PER_TURN][1], error=error)
+        )
+    return calls
 
 
 def _json_error(text: str, e: json.JSONDecodeError) -> str:
@@ -188,56 +244,99 @@ def _json_error(text: str, e: json.JSONDecodeError) -> str:
     return f"invalid JSON ({e.msg} at line {e.lineno} column {e.colno}, near {snippet!r})"
 
 
+def _loads(text: str) -> tuple[Any, str | None]:
+    """``json.loads(text)`` and None, or None and what is wrong with the JSON; never raises."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, _json_error(text, e)
+    except RecursionError:
+        depth = sys.getrecursionlimit()
+        return None, (
+            f"invalid JSON (the value starting {text.lstrip()[:20]!r} nests arrays or objects more than "
+            f"about {depth} levels deep); nest them less deeply"
+        )
+    except ValueError:  # Python's limit on the digits of an integer
+        digits = sys.get_int_max_str_digits()
+        return None, f"invalid JSON (an integer longer than {digits} digits); write long numbers as strings"
+
+
+_HERMES_FORMAT = '<tool_call>{"name": "TOOL", "arguments": {"ARG": "VALUE"}}</tool_call>'
+
+
+def _hermes_call(body: str, raw: str, call_id: str, tools: list[dict[str, Any]]) -> ToolCall:
+    obj, problem = _loads(body.strip())
+    if problem:
+        return ToolCall("", id=call_id, raw=raw, error=f"{problem}. Write exactly {_HERMES_FORMAT}.")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ToolCall("", id=call_id, raw=raw, error='the tool call must be a JSON object with a "name".')
+    name = obj["name"]
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models double-encode the arguments
+        args, problem = _loads(args) if args.strip() else ({}, None)
+        if problem:
+            return ToolCall(name, id=call_id, raw=raw, error=f"arguments are {problem}.")
+    if not isinstance(args, dict):
+        return ToolCall(name, id=call_id, raw=raw, error='"arguments" must be a JSON object.')
+    return validate_call(ToolCall(name, args, id=call_id, raw=raw), tools)
+
+
 def parse_hermes(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number per turn."""
-    calls = []
-    for i, match in enumerate(_BLOCK.finditer(text)):
-        body = match.group(1).strip()
-        raw = match.group(0)
-        call_id = f"call_{i}"
-        if not match.group(0).endswith("</tool_call>"):
-            calls.append(
-                ToolCall("", id=call_id, raw=raw, error="the tool call is not closed with </tool_call>.")
-            )
-            continue
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            calls.append(
-                ToolCall(
-                    "",
-                    id=call_id,
-                    raw=raw,
-                    error=f"{_json_error(body, e)}. Write exactly "
-                    '<tool_call>{"name": "TOOL", "arguments": {"ARG": "VALUE"}}</tool_call>.',
-                )
-            )
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(
-                ToolCall("", id=call_id, raw=raw, error='the tool call must be a JSON object with a "name".')
-            )
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):  # some models double-encode the arguments
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as e:
-                calls.append(
-                    ToolCall(obj["name"], id=call_id, raw=raw, error=f"arguments are {_json_error(args, e)}.")
-                )
-                continue
-        if not isinstance(args, dict):
-            calls.append(
-                ToolCall(obj["name"], id=call_id, raw=raw, error='"arguments" must be a JSON object.')
-            )
-            continue
-        calls.append(validate_call(ToolCall(obj["name"], args, id=call_id, raw=raw), tools))
-    content = _BLOCK.sub("", text).strip()
-    return ParsedTurn(content, calls)
+    blocks, content = _blocks(text)
+    return ParsedTurn(content, _read_blocks(blocks, partial(_hermes_call, tools=tools)))
 
 
-_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_GLM_ARG = f"{_KEY}NAME{_KEY_END}{_VALUE}VALUE{_VALUE_END}"
+
+
+def _glm_call(
+    body: str, raw: str, call_id: str, schemas: dict[str, dict[str, Any]], tools: list[dict[str, Any]]
+) -> ToolCall:
+    """One GLM call body, read pair by pair with ``str.find`` (a regex over it can backtrack for minutes)."""
+    first = body.find(_KEY)
+    name = (body if first < 0 else body[:first]).strip()
+    types = schemas.get(name, {})
+    args: dict[str, Any] = {}
+    junk, broken, bad_value = [], None, None
+    pos = len(body) if first < 0 else first
+    while (k := body.find(_KEY, pos)) >= 0:
+        junk.append(body[pos:k])
+        key_end = body.find(_KEY_END, k)
+        if key_end < 0:
+            broken = f"{_KEY} is not closed with {_KEY_END} (near {body[k : k + 40]!r})"
+            break
+        key = body[k + len(_KEY) : key_end].strip()
+        v = _SPACE.match(body, key_end + len(_KEY_END)).end()
+        if not body.startswith(_VALUE, v):
+            broken = f"argument {_clip(key)} is not followed by {_VALUE} (found {body[v : v + 40]!r})"
+            break
+        value_end = body.find(_VALUE_END, v)
+        if value_end < 0:
+            broken = f"the value of argument {_clip(key)} is not closed with {_VALUE_END}"
+            break
+        value = body[v + len(_VALUE) : value_end]
+        pos = value_end + len(_VALUE_END)
+        want = types.get(key, {}).get("type", "string")
+        if want != "string":
+            decoded, problem = _loads(value)
+            if problem:
+                bad_value = f"argument {_clip(key)} should be {want} but is {problem}."
+            else:
+                value = decoded
+        args[key] = value
+    else:
+        junk.append(body[pos:])
+    leftover = "".join(junk).strip()
+    if not name:
+        error = f"the tool call has no tool name before its first {_KEY}."
+    elif broken:
+        error = f"{broken}; write each argument as {_GLM_ARG}."
+    elif leftover:
+        error = f"could not read {leftover[:80]!r}; write each argument as {_GLM_ARG}."
+    else:
+        error = bad_value
+    return validate_call(ToolCall(name, args, id=call_id, raw=raw, error=error), tools)
 
 
 def parse_glm(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
@@ -245,36 +344,8 @@ def parse_glm(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
     schemas = {
         t["function"]["name"]: t["function"].get("parameters", {}).get("properties", {}) for t in tools
     }
-    calls = []
-    for i, match in enumerate(_BLOCK.finditer(text)):
-        body, raw, call_id = match.group(1), match.group(0), f"call_{i}"
-        if not raw.endswith("</tool_call>"):
-            calls.append(
-                ToolCall("", id=call_id, raw=raw, error="the tool call is not closed with </tool_call>.")
-            )
-            continue
-        name = body.split("<arg_key>", 1)[0].strip()
-        rest = body[len(body.split("<arg_key>", 1)[0]) :]
-        args: dict[str, Any] = {}
-        error = None
-        for key, value in _GLM_ARG.findall(rest):
-            key = key.strip()
-            want = schemas.get(name, {}).get(key, {}).get("type", "string")
-            if want != "string":
-                try:
-                    value = json.loads(value)
-                except json.JSONDecodeError as e:
-                    error = f"argument {key!r} should be {want} but is {_json_error(value, e)}."
-            args[key] = value
-        leftover = _GLM_ARG.sub("", rest).strip()
-        if not name:
-            error = "the tool call has no tool name before its first <arg_key>."
-        elif leftover:
-            error = f"could not read {leftover[:80]!r}; write each argument as <arg_key>NAME</arg_key><arg_value>VALUE</arg_value>."
-        call = ToolCall(name, args, id=call_id, raw=raw, error=error)
-        calls.append(validate_call(call, tools))
-    content = _BLOCK.sub("", text).strip()
-    return ParsedTurn(content, calls)
+    blocks, content = _blocks(text)
+    return ParsedTurn(content, _read_blocks(blocks, partial(_glm_call, schemas=schemas, tools=tools)))
 
 
 def render_hermes(calls: list[ToolCall]) -> str:

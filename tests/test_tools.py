@@ -5,6 +5,7 @@ import pytest
 from agentrl.sandbox import make_sandbox
 from agentrl.tools import (
     CODING_TOOLS,
+    MAX_CALLS_PER_TURN,
     CodingTools,
     ToolCall,
     get_parser,
@@ -173,3 +174,18 @@ def test_editor_operations_in_a_sandbox():
             assert r.output == "hi\n\n[exit code 3]" and r.exit_code == 3
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "glm"])
+def test_calls_past_the_per_turn_limit_become_one_error(fmt):
+    render, parse = {"hermes": render_hermes, "glm": render_glm}[fmt], get_parser(fmt)
+    turn = parse(render([ToolCall("submit")] * MAX_CALLS_PER_TURN), CODING_TOOLS)
+    assert len(turn.calls) == MAX_CALLS_PER_TURN and turn.errors == 0
+    turn = parse("ok " + render([ToolCall("submit")] * (MAX_CALLS_PER_TURN + 5)) + " done", CODING_TOOLS)
+    assert turn.content == "ok " + "\n" * (MAX_CALLS_PER_TURN + 4) + " done"  # the text around every call
+    assert len(turn.calls) == MAX_CALLS_PER_TURN + 1 and turn.errors == 1
+    assert turn.calls[-1].id == f"call_{MAX_CALLS_PER_TURN}"
+    assert turn.calls[-1].error == (
+        f"this turn has {MAX_CALLS_PER_TURN + 5} tool calls and only the first {MAX_CALLS_PER_TURN} were "
+        f"read; make at most {MAX_CALLS_PER_TURN} calls per turn."
+    )

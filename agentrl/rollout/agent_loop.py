@@ -30,7 +30,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from agentrl.env import AgentEnv, Task
 from agentrl.rollout.engine import Engine, EngineError, SamplingParams
 from agentrl.sandbox import SandboxError
-from agentrl.tools import get_parser
+from agentrl.tools import ParsedTurn, ToolCall, get_parser
 from agentrl.trajectory import Trajectory, TurnSpan
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,25 @@ async def _generate(engine: Engine, input_ids: list[int], params: SamplingParams
         raise EngineError(f"{type(e).__name__}: {e}") from e
 
 
+def _parse_safely(parse, text: str, tools) -> ParsedTurn:
+    """``parse(text, tools)``; should the parser raise, one error call instead, so the episode goes on.
+
+    An exception here would end the episode as env_error, which the trainer drops: the turn that
+    broke the parser would never be penalised.
+    """
+    try:
+        return parse(text, tools)
+    except Exception as e:
+        log.warning(
+            "the tool-call parser raised %s on a %d-character turn: %s", type(e).__name__, len(text), e
+        )
+        error = (
+            f"the tool calls of this turn could not be read ({type(e).__name__}: {str(e)[:120]}); "
+            "write each call in the format the system prompt shows."
+        )
+        return ParsedTurn(text.strip(), [ToolCall("", id="call_0", raw=text, error=error)])
+
+
 async def run_episode(
     env: AgentEnv,
     engine: Engine,
@@ -243,7 +262,7 @@ async def run_episode(
             text = tokenizer.decode(body_ids, skip_special_tokens=False)
             if render.encode(text) != list(body_ids):
                 counters["retokenization_drift_turns"] += 1
-            parsed = parse(text, tools)
+            parsed = _parse_safely(parse, text, tools)
             counters["tool_call_errors"] += parsed.errors
             traj.messages.append(
                 {"role": "assistant", "content": text, "tool_calls": [c.to_dict() for c in parsed.calls]}

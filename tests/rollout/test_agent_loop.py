@@ -9,6 +9,7 @@ from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
 from agentrl.rollout.engine import EngineError
 from agentrl.rollout.local import LocalEngine
 from agentrl.rollout.scripted import ScriptedEngine
+from agentrl.tools import PARSERS
 from tests.rollout.fakes import EchoEnv, FixedEngine, RecordingEngine
 
 
@@ -128,6 +129,24 @@ def test_budgets_and_failures_each_give_their_status(tiny):
         assert t.status == "aborted" and env.closed == 1 and t.validate()
 
     run(go())
+
+
+def test_a_parser_that_raises_costs_a_tool_call_error_not_the_episode(tiny, monkeypatch):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def broken(text, tools):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setitem(PARSERS, "broken", broken)
+    engine = FixedEngine(tok.encode("<tool_call>[[[", add_special_tokens=False) + [eot])
+    traj = run(run_episode(EchoEnv(episode_len=2), engine, tok, Task("t"), LoopConfig(tool_format="broken")))
+    # still trainable: completed with the env's reward, each turn's failure counted as one call error
+    assert traj.status == "completed" and traj.reward == 1.0
+    assert traj.extra["tool_call_errors"] == 2
+    calls = [m["tool_calls"] for m in traj.messages if m["role"] == "assistant"]
+    assert len(calls) == 2 and all(len(c) == 1 for c in calls)
+    assert "could not be read (RecursionError: maximum recursion depth" in calls[0][0]["error"]
 
 
 def test_engine_error_class_is_kept():

@@ -37,7 +37,13 @@ lint: setup
 test: setup lint
 	PYTHON=$(BIN)/python tests/with_docker.sh $(BIN)/python -m pytest
 
+# The quickstart's local sandbox runs agent commands in bubblewrap (or the docker backend when an
+# engine and the base image are there): as root on a Debian-like machine, install it when missing.
 quickstart: setup
+	@command -v bwrap > /dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get > /dev/null || \
+		{ echo "quickstart: installing bubblewrap (log: /tmp/agentrl-apt.log)"; \
+		  apt-get install -y -q bubblewrap > /tmp/agentrl-apt.log 2>&1 || \
+		  { apt-get update -q && apt-get install -y -q bubblewrap; } >> /tmp/agentrl-apt.log 2>&1; }
 	$(BIN)/agentrl quickstart
 
 # The speed and memory benchmarks; benchmarks/learning.py (about an hour on 2 cores) and

@@ -134,9 +134,9 @@ def split_patch(patch: str) -> list[FileDiff]:
 
 def path_problem(path: str, source_dirs: list[str], hidden_paths: tuple[str, ...] = ()) -> str | None:
     """Why an edit of ``path`` may not reach the grader; None when it is an edit of the task's source."""
-    if not path or path.startswith("/") or posixpath.normpath(path) != path:
-        return "a path outside the tree"
     parts = path.split("/")
+    if not path or path.startswith("/") or ".." in parts or posixpath.normpath(path) != path:
+        return "a path outside the tree"
     name = parts[-1]
     if parts[0] == ".git":
         return "git's own files"

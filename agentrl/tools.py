@@ -421,12 +421,9 @@ class CodingTools:
     async def run(self, call: ToolCall) -> ToolResult:
         if call.name == "bash":
             r = await self.sandbox.exec(call.arguments["command"], timeout=self.command_timeout)
-            text = r.output
-            if r.timed_out:
-                text += f"\n[command timed out after {self.command_timeout:g} s and was killed]"
-            if r.sandbox_died:
-                text += "\n[the sandbox died while running this command]"
-            text = truncate(text, self.max_output_chars)
+            text = truncate(r.output, self.max_output_chars)
+            for note in r.notes(self.command_timeout):  # timeout, OOM, fork bomb, SIGKILL, dead sandbox
+                text += f"\n{note}"
             return ToolResult(
                 f"{text}\n[exit code {r.exit_code}]",
                 r.exit_code,

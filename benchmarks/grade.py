@@ -1,10 +1,17 @@
-"""bugfix-v0 grading: the plain-Python grader against pytest, on the same tasks in the same run.
+"""bugfix-v0 grading: what grading in a fresh sandbox costs, against the grader run alone, per grader.
 
     .venv/bin/python benchmarks/grade.py [--tasks 8] [--sandbox local|docker]
 
-Each task is reset once per grader and graded with the expert's fix applied (reward 1) and without
-it (reward 0); both graders must agree on every verdict. Prints seconds per grade for each and the
-ratio pytest / python (the baseline is pytest, the grader bugfix-v0 uses by default).
+For each task and grader (pytest, and the plain-Python one the quickstart uses), with the expert's
+fix written into the episode's sandbox and without it:
+
+- baseline: the grader's command alone, run in the episode's own sandbox (what grading cost when it
+  ran there, before it moved to a fresh sandbox);
+- fresh: ``env.grade()``: the workspace's diff, a fresh sandbox with the task's files, the filtered
+  patch applied, the grader with a cleared environment.
+
+Both must give the expected verdicts (1 with the fix, 0 without). Prints the medians, their ratio
+and the seconds a fresh sandbox adds per graded episode; passes are interleaved.
 """
 
 from __future__ import annotations
@@ -17,27 +24,31 @@ import time
 from agentrl.env import make
 
 
-async def grade_times(grader: str, sandbox: str, n: int) -> tuple[list[float], list[float]]:
+async def grade_times(grader: str, sandbox: str, n: int) -> dict[str, list[float]]:
     env = make("bugfix-v0", sandbox=sandbox, n_modules=1, n_distractors=0, grader=grader)
-    seconds, verdicts = [], []
+    seconds: dict[str, list[float]] = {"baseline": [], "fresh": []}
     try:
         for task in env.tasks("train", n):
             await env.reset(task)
-            verdicts.append(await _timed(env, seconds))
-            fix = env.spec.fix
-            source = env.spec.files[fix["path"]]
-            await env.sandbox.write_file(fix["path"], source.replace(fix["old"], fix["new"]))
-            verdicts.append(await _timed(env, seconds))
+            for fixed in (False, True):
+                if fixed:
+                    fix = env.spec.fix
+                    source = env.spec.files[fix["path"]]
+                    await env.sandbox.write_file(fix["path"], source.replace(fix["old"], fix["new"]))
+                t = time.perf_counter()
+                reward, _ = await env._run_grader(env.sandbox)
+                seconds["baseline"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                fresh = await env.grade()
+                seconds["fresh"].append(time.perf_counter() - t)
+                if (reward, fresh) != (float(fixed), float(fixed)):
+                    raise SystemExit(
+                        f"{task.id} ({grader}, {'fixed' if fixed else 'unfixed'}): the grader alone gave "
+                        f"{reward}, the fresh sandbox {fresh}; expected {float(fixed)}"
+                    )
     finally:
         await env.close()
-    return seconds, verdicts
-
-
-async def _timed(env, seconds: list[float]) -> float:
-    t = time.perf_counter()
-    reward = await env.grade()
-    seconds.append(time.perf_counter() - t)
-    return reward
+    return seconds
 
 
 def main() -> None:
@@ -45,24 +56,17 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--sandbox", default="local", choices=["local", "docker"])
     args = parser.parse_args()
-    results = {}
+    results: dict[str, dict[str, list[float]]] = {}
     for grader in ("pytest", "python", "pytest", "python"):  # interleaved
-        seconds, verdicts = asyncio.run(grade_times(grader, args.sandbox, args.tasks))
-        prev = results.setdefault(grader, ([], verdicts))
-        prev[0].extend(seconds)
-        if prev[1] != verdicts:
-            raise SystemExit(f"{grader} gave different verdicts on two passes: {prev[1]} vs {verdicts}")
-    if results["pytest"][1] != results["python"][1]:
-        raise SystemExit(
-            f"the graders disagree: pytest {results['pytest'][1]}, python {results['python'][1]}"
+        for kind, values in asyncio.run(grade_times(grader, args.sandbox, args.tasks)).items():
+            results.setdefault(grader, {}).setdefault(kind, []).extend(values)
+    for grader, times in results.items():
+        base, fresh = statistics.median(times["baseline"]), statistics.median(times["fresh"])
+        print(
+            f"grade ({args.sandbox} sandbox, {grader} grader, {len(times['fresh'])} grades): "
+            f"grader alone {base:.3f} s, in a fresh sandbox {fresh:.3f} s (medians); "
+            f"ratio {fresh / base:.2f}x, +{fresh - base:.3f} s per graded episode"
         )
-    assert results["python"][1] == [0.0, 1.0] * args.tasks, results["python"][1]
-    base = statistics.median(results["pytest"][0])
-    fast = statistics.median(results["python"][0])
-    print(
-        f"grade ({args.sandbox} sandbox, {2 * args.tasks} grades x 2 passes each): "
-        f"pytest {base:.3f} s, python {fast:.3f} s (medians); ratio {base / fast:.2f}x; verdicts agree"
-    )
 
 
 if __name__ == "__main__":

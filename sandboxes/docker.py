@@ -180,6 +180,8 @@ _live: dict[str, Any] = {}  # container id -> client, for cleanup at exit and on
 _creating = 0  # container creates on their way to the daemon; the exit hook waits for them
 _stopping = False  # set while the exit hook runs: a create that finishes then removes its container
 _warned: set[str] = set()
+_image_ids: dict[tuple[str | None, str, str], str] = {}  # (daemon, image, user) -> "uid gid"
+ID_SCRIPT = 'id -u -- "$1" && id -g -- "$1"'
 
 
 def client_for(base_url: str | None, pool_size: int = 64):
@@ -420,7 +422,8 @@ class DockerSandbox(AsyncStartClose):
             _retry(container.start)()
             # The runner lives in the container, root-owned and read-only, so the agent cannot edit it.
             _retry(client.api.put_archive)(container.id, "/", _runner_tar())
-            code, ids = self._control('id -u -- "$1" && id -g -- "$1"', cfg.user)
+            key = (cfg.docker_host, cfg.image, cfg.user)
+            code, ids = (0, _image_ids[key]) if key in _image_ids else self._control(ID_SCRIPT, cfg.user)
         except Exception as e:
             self._remove_sync()
             raise SandboxError(f"container for image {cfg.image!r} failed to start: {e}") from e
@@ -431,6 +434,7 @@ class DockerSandbox(AsyncStartClose):
                 "set `user` to one that does (the base image has `agent`)"
             )
         self._ids[cfg.user] = tuple(ids.split())
+        _image_ids[key] = ids
 
     def _create(self, kwargs: dict[str, Any]):
         import docker
@@ -565,7 +569,7 @@ class DockerSandbox(AsyncStartClose):
 
     async def _user_ids(self, user: str) -> tuple[str, str]:
         if user not in self._ids:
-            code, ids = await self._call(self._control, 'id -u -- "$1" && id -g -- "$1"', user)
+            code, ids = await self._call(self._control, ID_SCRIPT, user)
             if code != 0 or len(ids.split()) != 2:
                 raise SandboxError(f"user {user!r} does not exist in image {self.config.image!r}")
             self._ids[user] = tuple(ids.split())
@@ -769,7 +773,8 @@ class DockerSandbox(AsyncStartClose):
         if not source.exists():
             raise FileNotFoundError(f"upload source {source} does not exist")
         target = self._path(dest)
-        await self._ensure_dir(target.parent)
+        if target != PurePosixPath(self.workdir):  # the workspace's parent exists
+            await self._ensure_dir(target.parent)
         uid = AGENT_UID if self.config.user == "agent" else 0
 
         def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -354,6 +354,9 @@ class LocalSandbox(AsyncStartClose):
                     os.chown(self._tmpdir, self.uid, self.uid)
             if cfg.cgroup:
                 self._cgroup = Cgroup.create(cfg.processes, cfg.memory_bytes)
+            if self.uid is not None and not self._bwrap and "python" not in _warned:
+                _warned.add("python")
+                self._check_python_reachable()
             self._started = True
             setup = await self.exec(WORKSPACE_SETUP, timeout=60)
             if setup.exit_code != 0:
@@ -364,6 +367,27 @@ class LocalSandbox(AsyncStartClose):
             await self.close()
             raise
         self.base_commit, self._git_fingerprint = setup.output.split()[:2]
+
+    def _check_python_reachable(self) -> None:
+        """Unisolated as root, the sandbox's uid sees the host's permissions: say so once when this
+        Python (and the packages beside it) lies where that uid cannot run it."""
+        try:
+            reachable = (
+                subprocess.run(
+                    [sys.executable, "-c", "pass"], capture_output=True, preexec_fn=self._limits(30.0)
+                ).returncode
+                == 0
+            )
+        except OSError:
+            reachable = False
+        if not reachable:
+            log.warning(
+                "local sandbox (none): the sandbox's user (uid %d) cannot run %s (a directory on its "
+                "path is closed to other users); its `python3` is the system's, without this "
+                "environment's packages. Use bubblewrap (isolation='bwrap') to give it this one.",
+                self.uid,
+                sys.executable,
+            )
 
     # -- commands --
     def _bwrap_argv(self, argv: list[str], cwd: str) -> list[str]:

@@ -20,6 +20,7 @@ the same verdict for these generated suites at about a fifth of the start-up cos
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import os
@@ -50,6 +51,7 @@ SYSTEM_PROMPT = (
     "You are a careful software engineer. You work in a repository through tools: run shell commands "
     "with `bash`, read and edit files with `str_replace_editor`, and call `submit` when you are done."
 )
+_APPLY_FAILED = "agentrl: the submission did not apply"
 REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
 _PASSED = re.compile(r"(\d+) passed")
 # grader="python": import each tests/**/test_*.py as a module and call its test_* functions, counting
@@ -158,6 +160,7 @@ class BugfixEnv:
         self._done = False
         self._base = ""
         self.last_grade: dict[str, Any] | None = None
+        self._disposing: set[asyncio.Task] = set()  # grading sandboxes being closed
 
     # -- tasks --
     def task(self, split: str, index: int) -> Task:
@@ -273,15 +276,17 @@ class BugfixEnv:
 
     async def _finish(self, records, errors, status) -> StepResult:
         self._done = True
+        fresh = self._fresh_sandbox()  # starts while the episode's sandbox is read and closed
         try:
             patch = await self.sandbox.diff(self._base)
         except SandboxError as e:  # the workspace cannot be read (its sandbox died): nothing to grade
-            patch, report = None, {"error": f"the workspace could not be read: {e}"}
+            patch, error = None, f"the workspace could not be read: {e}"
         await self._close_sandbox()  # every process the agent started goes with it, before grading
         if patch is None:
-            reward, self.last_grade = 0.0, {"reward": 0.0, **report}
+            self._dispose(fresh)
+            reward, self.last_grade = 0.0, {"reward": 0.0, "error": error}
         else:
-            reward = await self.grade_patch(patch)
+            reward = await self.grade_patch(patch, fresh)
         return StepResult(
             [],
             reward,
@@ -295,35 +300,54 @@ class BugfixEnv:
             raise RuntimeError("grade() needs a reset() first")
         return await self.grade_patch(await self.sandbox.diff(self._base))
 
-    async def grade_patch(self, patch: str) -> float:
+    def _fresh_sandbox(self) -> tuple[Any, asyncio.Future]:
+        sandbox = make_sandbox(self.backend, **self.sandbox_config)
+        return sandbox, asyncio.ensure_future(sandbox.start())
+
+    def _dispose(self, fresh: tuple[Any, asyncio.Future]) -> None:
+        """Close a grading sandbox in the background (``close()`` waits for it)."""
+        sandbox, starting = fresh
+
+        async def dispose() -> None:
+            await asyncio.gather(starting, return_exceptions=True)
+            await sandbox.close()
+
+        task = asyncio.ensure_future(dispose())
+        self._disposing.add(task)
+        task.add_done_callback(self._disposing.discard)
+
+    async def grade_patch(self, patch: str, fresh: tuple[Any, asyncio.Future] | None = None) -> float:
         """1.0 when the task's whole suite passes with ``patch``'s edits of the package's source.
 
-        Never in the agent's sandbox: a fresh one gets the task's pristine files, the patch filtered
-        to the package's non-test source (``agentrl.patches``), and the grader with a cleared
-        environment and no bytecode. The report (dropped paths, whether it applied, the verdict's
-        last lines) is ``self.last_grade``."""
+        Never in the agent's sandbox: a fresh one (``fresh``: one already starting) gets the task's
+        pristine files, the patch filtered to the package's non-test source (``agentrl.patches``),
+        and the grader with a cleared environment and no bytecode. The report (dropped paths,
+        whether it applied, the verdict's last lines) is ``self.last_grade``."""
         if self.spec is None:
             raise RuntimeError("grade_patch() needs a reset() first")
         kept, dropped = filter_patch(patch, [self.spec.package])
         report: dict[str, Any] = {"dropped_paths": [f"{p} ({why})" for p, why in dropped]}
         self.last_grade = report
-        async with make_sandbox(self.backend, **self.sandbox_config) as sandbox:
+        fresh = fresh or self._fresh_sandbox()
+        sandbox, starting = fresh
+        try:
+            await starting
             await self._install_task(sandbox)
+            apply = ""
             if kept:
                 await sandbox.write_file(".git/agentrl-submission.patch", kept)
-                applied = await sandbox.exec(
-                    "git apply --whitespace=nowarn .git/agentrl-submission.patch && rm .git/agentrl-submission.patch",
-                    timeout=60,
+                apply = (
+                    "git apply --whitespace=nowarn .git/agentrl-submission.patch "
+                    f"|| {{ echo {_APPLY_FAILED}; exit 1; }}; rm .git/agentrl-submission.patch; "
                 )
-                report["applied"] = applied.exit_code == 0
-                if applied.exit_code != 0:
-                    report.update(reward=0.0, output=applied.output[-500:])
-                    return 0.0
-            reward, output = await self._run_grader(sandbox)
+            reward, output = await self._run_grader(sandbox, prefix=apply)
+        finally:
+            self._dispose(fresh)
+        report["applied"] = _APPLY_FAILED not in output if kept else None
         report.update(reward=reward, output=output[-500:])
         return reward
 
-    async def _run_grader(self, sandbox) -> tuple[float, str]:
+    async def _run_grader(self, sandbox, prefix: str = "") -> tuple[float, str]:
         # A cleared environment: only what the sandbox itself sets for a command, no PYTHON*/PYTEST*
         # variable, no user site, no bytecode written or read from a cache the tree could carry.
         clear = (
@@ -337,7 +361,9 @@ class BugfixEnv:
             # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
             # has installed, and a start-up without entry-point plugins costs about half as much
             run = f"{clear}PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -B -m pytest -q -p no:cacheprovider tests"
-        r = await sandbox.exec(f"find . -name __pycache__ -prune -exec rm -rf {{}} +; {run}", timeout=120)
+        r = await sandbox.exec(
+            f"{prefix}find . -name __pycache__ -prune -exec rm -rf {{}} +; {run}", timeout=120
+        )
         if r.exit_code != 0:
             return 0.0, r.output
         if self.grader == "python":
@@ -356,6 +382,8 @@ class BugfixEnv:
 
     async def close(self) -> None:
         await self._close_sandbox()
+        while self._disposing:
+            await asyncio.gather(*self._disposing, return_exceptions=True)
 
 
 def _compact(spec: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 BASE_IMAGE = "agentrl/base:bookworm"
 SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 # minbase lacks ps/pkill (procps) and patch; git and pytest are what coding tasks run.
 PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates", "procps", "patch")
 AGENT_USER, AGENT_UID = "agent", 1000
@@ -58,6 +58,33 @@ def image_present(client, tag: str) -> bool:
         return False
 
 
+def debian_mirror() -> str:
+    """The Debian archive this machine's apt uses (its sources, one-line or deb822), for debootstrap."""
+    files = (
+        [APT_SOURCES[0]] + sorted(APT_SOURCES[1].glob("*.list")) + sorted(APT_SOURCES[1].glob("*.sources"))
+    )
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            words = line.split("#", 1)[0].split()
+            if words[:1] == ["deb"]:  # deb [options] URI SUITE COMPONENTS
+                uris = [w for w in words[1:] if "://" in w][:1]
+            elif words[:1] == ["URIs:"]:
+                uris = words[1:]
+            else:
+                continue
+            for uri in uris:
+                if uri.rstrip("/").endswith("/debian"):
+                    return uri.rstrip("/")
+    raise ImageBuildError(
+        "no Debian archive in this machine's apt sources (/etc/apt/sources.list[.d]); pass the mirror "
+        "to build_base_image(mirror=...) or add one to apt's sources"
+    )
+
+
 def _customise_rootfs(rootfs: Path) -> None:
     """Add the non-root agent user and its workspace; trim what a sandbox never reads."""
     with open(rootfs / "etc/passwd", "a") as f:
@@ -76,11 +103,16 @@ def _customise_rootfs(rootfs: Path) -> None:
 
 
 def build_base_image(
-    tag: str = BASE_IMAGE, *, mirror: str = MIRROR, force: bool = False, log: Callable[[str], None] = print
+    tag: str = BASE_IMAGE,
+    *,
+    mirror: str | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = print,
 ) -> str:
     """Build the base image with ``debootstrap`` + ``docker import``; returns "present" or "built".
 
-    Needs root (debootstrap) and a reachable Debian mirror; no container registry.
+    Needs root (debootstrap) and a reachable Debian mirror (default: the one apt uses here); no
+    container registry.
     """
     import docker
 
@@ -94,6 +126,7 @@ def build_base_image(
         )
     if not shutil.which("debootstrap"):
         raise ImageBuildError("debootstrap is not installed; run `apt-get install -y debootstrap` and retry.")
+    mirror = mirror or debian_mirror()
     with tempfile.TemporaryDirectory(prefix="agentrl-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
         cmd = [

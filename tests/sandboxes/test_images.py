@@ -1,0 +1,20 @@
+"""The base image's Debian mirror comes from this machine's apt sources, in either format."""
+
+import pytest
+
+from agentrl.sandboxes import images
+
+
+def test_debian_mirror_from_apt_sources(tmp_path, monkeypatch):
+    listing, directory = tmp_path / "sources.list", tmp_path / "sources.list.d"
+    directory.mkdir()
+    monkeypatch.setattr(images, "APT_SOURCES", (listing, directory))
+    with pytest.raises(images.ImageBuildError, match="no Debian archive in this machine's apt sources"):
+        images.debian_mirror()
+    (directory / "other.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/node\nSuites: x\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm\nComponents: main\n"
+    )
+    assert images.debian_mirror() == "http://mirror.example/debian"
+    listing.write_text("# comment\ndeb [arch=amd64] http://local.example/debian bookworm main\n")
+    assert images.debian_mirror() == "http://local.example/debian"

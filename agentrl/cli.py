@@ -1,25 +1,149 @@
-"""The ``agentrl`` command."""
+"""The ``agentrl`` command.
+
+A bad argument ends a command with one line, ``error: ...``, and exit status 2. SIGINT and SIGTERM
+stop a command cleanly: its asyncio work is cancelled, so every ``async with`` (environments,
+sandboxes, containers) closes on the way out, then one line says so and the exit status is
+128 + the signal's number (130, 143).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import agentrl
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM where there is no waiting asyncio task to cancel."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Stop:
+    """SIGINT / SIGTERM handler of a command. The first signal cancels the command's asyncio task
+    (``run``) where it waits; elsewhere, ``Interrupted`` is raised where the program is. A second
+    signal while it stops ends the process at once, without waiting for the cleanup.
+
+    Installed by ``main`` before any sandbox exists: the sandboxes' last-resort cleanup
+    (``agentrl.sandboxes._cleanup``) installs its own handler later and calls this one after its hooks.
+    """
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.task: asyncio.Task | None = None
+        self.done = False  # main() is finishing: a signal now is no longer the command's
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN:  # e.g. SIGINT of a background job: it stays ignored
+                continue
+            self._previous[signum] = previous
+            signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        self.done = True
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._handle:  # a handler chained on top keeps calling ours
+                signal.signal(signum, previous)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.done:
+            if self.signals:  # the stop is being reported already
+                return
+            previous = self._previous.get(signum)  # main() has returned: act as before it ran
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        self.signals.append(signum)
+        if len(self.signals) > 1:
+            self._exit_now()
+        task = self.task
+        # Cancelled, the task stops at its next await; while its own synchronous code runs (a model
+        # loading, an optimizer step), the exception raised here stops it at once, and its `async
+        # with` blocks close all the same as the exception passes through them.
+        suspended = task is not None and not task.done() and asyncio.current_task(task.get_loop()) is not task
+        if suspended:
+            task.cancel()
+            task.get_loop().call_soon_threadsafe(lambda: None)  # wakes a loop asleep in select()
+            return
+        raise Interrupted(signum)
+
+    def _exit_now(self) -> None:
+        # Raising here would land in whichever task runs, to be logged with a traceback when it is
+        # collected. The sandboxes' last-resort hooks have run by now (they come before this handler).
+        with contextlib.suppress(Exception):  # stdout may be mid-write in the interrupted code
+            sys.stdout.flush()
+        os.write(2, (self.message() + "\n").encode())
+        os._exit(128 + self.signals[0])
+
+    def run(self, coro):
+        """``asyncio.run(coro)``, as the task that the first signal cancels."""
+
+        async def main():
+            self.task = asyncio.current_task()
+            asyncio.get_running_loop().set_exception_handler(self._loop_exception)
+            try:
+                return await coro
+            finally:
+                self.task = None
+
+        return asyncio.run(main())
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # Work that a stop abandons can end in an error nobody awaits any more (a sandbox that the
+        # last-resort hooks removed under a running command); asyncio would print each with a traceback.
+        if self.signals and context.get("message", "").endswith("exception was never retrieved"):
+            return
+        loop.default_exception_handler(context)
+
+    def message(self) -> str:
+        first, *more = (signal.Signals(s).name for s in self.signals)
+        if not more:
+            return f"agentrl: interrupted by {first}; stopped."
+        return (
+            f"agentrl: interrupted by {first}, then by {more[0]}; stopped without waiting for the cleanup "
+            "(`agentrl sandbox gc` removes sandbox containers left behind)."
+        )
+
+
+_stop = _Stop()
+
+
+def _run(coro):
+    return _stop.run(coro)
+
+
+def _error(message: object) -> int:
+    """One line on stderr, ``error: ...``; exit status 2."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    return 2
 
 
 def _quickstart(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError, TrainConfig, load_config
     from agentrl.envs.bugfix import docker_ready
-    from agentrl.trainer.ppo import main
+    from agentrl.trainer.ppo import train
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
     if not recipe.exists():
-        print(
-            f"error: {recipe} not found: run the quickstart from a clone of the repository", file=sys.stderr
-        )
-        return 2
+        return _error(f"{recipe} not found: run the quickstart from a clone of the repository")
     sandbox = "docker" if docker_ready() else "local"
     overrides = [f"env.args.sandbox={sandbox}", f"run.seed={args.seed}", *args.overrides]
     if args.iterations is not None:
@@ -34,10 +158,9 @@ def _quickstart(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        summary = main(load_config(TrainConfig, str(recipe), overrides))
+        summary = _run(train(load_config(TrainConfig, str(recipe), overrides)))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
     gain = summary["eval_after"] - summary["eval_before"]
     print(
         f"done: held-out success {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} ({gain:+.3f}) "
@@ -101,20 +224,18 @@ def _envs_list(args: argparse.Namespace) -> int:
 
 
 def _envs_check(args: argparse.Namespace) -> int:
-    from agentrl.env import EnvCheckError, check_env, make
+    from agentrl.env import EnvCheckError, check_env_async, make
 
     overrides = {"sandbox": args.sandbox} if args.sandbox else {}
     try:
         env = make(args.id, **overrides)
     except KeyError as e:
-        print(f"error: {e.args[0]}", file=sys.stderr)
-        return 2
+        return _error(e.args[0])
     task = env.task("train", 0) if hasattr(env, "task") else None
     if task is None:
-        print(f"error: {args.id} has no task(split, index) method to draw a task from", file=sys.stderr)
-        return 2
+        return _error(f"{args.id} has no task(split, index) method to draw a task from")
     try:
-        passed = check_env(env, task)
+        passed = _run(check_env_async(env, task))
     except EnvCheckError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
@@ -125,31 +246,27 @@ def _envs_check(args: argparse.Namespace) -> int:
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    from agentrl.rollout.run import ConfigError, main
+    from agentrl.rollout.run import ConfigError, collect, load_config
 
     try:
-        main(args.config, args.overrides)
+        _run(collect(load_config(args.config, args.overrides)))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError, TrainConfig, load_config
-    from agentrl.trainer.ppo import main
+    from agentrl.trainer.ppo import train
 
     try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-        main(cfg)
+        _run(train(load_config(TrainConfig, args.config, args.overrides)))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import asyncio
     import json
 
     from agentrl.config import ConfigError, TrainConfig, load_config
@@ -157,18 +274,21 @@ def _eval(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
-        result = asyncio.run(evaluate_weights(cfg))
+        result = _run(evaluate_weights(cfg))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(e)
     print(json.dumps({"model.init": cfg.model.init, **result}))
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        # One line like every other input error; subcommands' parsers are of this class too.
+        self.exit(2, f"error: {message}; `{self.prog} --help` shows the usage\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agentrl", description="Reinforcement learning for tool-using coding agents."
-    )
+    parser = _Parser(prog="agentrl", description="Reinforcement learning for tool-using coding agents.")
     parser.add_argument("--version", action="version", version=f"agentrl {agentrl.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -225,12 +345,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status is the command's (2: bad input), or 128 + n after signal n."""
+    global _stop
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return args.func(args)
+    _stop = _Stop()
+    _stop.install()
+    try:
+        code = args.func(args)
+    except BaseException:
+        _stop.done = True
+        if not _stop.signals:
+            raise
+        # Whatever the cancellation or Interrupted raised on its way out: the signal is the news.
+    finally:
+        _stop.uninstall()
+    if not _stop.signals:
+        return code
+    print(_stop.message(), file=sys.stderr)
+    return 128 + _stop.signals[0]
 
 
 if __name__ == "__main__":

@@ -2,12 +2,18 @@
 
 One YAML file per recipe, validated by the pydantic models below: an unknown key is rejected with
 the closest valid key, a bad value names the field and what is allowed. Derived values are computed
-once, after loading (``TrainConfig.derived``).
+once, after loading (``TrainConfig.derived``). ``make_env`` and ``writable_dir`` check, before any
+model loads or episode runs, that the environment settings build an environment and that an
+output directory can be written.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import inspect
+import re
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -232,13 +238,24 @@ def read_settings(path: str | None, overrides: list[str] | tuple[str, ...] = ())
     if path:
         p = Path(path)
         if not p.exists():
-            raise ConfigError(f"config file {path} does not exist")
+            raise ConfigError(f"config file {path} does not exist; pass the path of a YAML file")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path} is not valid YAML: {e}") from e
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else path
+            problem = getattr(e, "problem", None) or str(e).replace("\n", " ")
+            raise ConfigError(f"{where} is not valid YAML ({problem}); fix the file there") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read config file {path}: {e}; pass a YAML file") from None
+        if data is None:  # an empty file would silently train or collect with every default
+            raise ConfigError(f"config file {path} holds no settings; write 'key: value' lines in it")
         if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of settings; got {type(data).__name__}")
+            kind = "list" if isinstance(data, list) else "scalar"
+            raise ConfigError(
+                f"config file {path} must hold a mapping of settings ('key: value' lines); "
+                f"it holds a YAML {kind}: {str(data)[:60]}"
+            )
     for item in overrides:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -246,10 +263,17 @@ def read_settings(path: str | None, overrides: list[str] | tuple[str, ...] = ())
         target = data
         *parents, leaf = key.split(".")
         for parent in parents:
-            target = target.setdefault(parent, {})
+            if target.get(parent) is None:  # absent, or an empty section in the file
+                target[parent] = {}
+            target = target[parent]
             if not isinstance(target, dict):
-                raise ConfigError(f"override {item!r}: {parent} is not a section")
-        target[leaf] = yaml.safe_load(value)
+                raise ConfigError(f"override {item!r}: {parent} is not a section, it holds {target!r}")
+        try:
+            target[leaf] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(
+                f"override {item!r}: {value!r} is not a YAML value ({getattr(e, 'problem', e)}); quote it"
+            ) from None
     return data
 
 
@@ -264,3 +288,56 @@ def load_config(
         messages = [_closest_key_message(err, model) for err in e.errors()]
         where = f" in {path}" if path else ""
         raise ConfigError(f"invalid config{where}: " + " ".join(messages)) from None
+
+
+def make_env(env_id: str, args: Any, key: str) -> Any:
+    """``make(env_id, **args)`` where ``args`` is setting ``key``; ``ConfigError`` naming the id or the
+    argument when the environment cannot be built. Called once before any model loads or episode runs."""
+    from agentrl.env import make, spec
+
+    if not isinstance(args, dict):
+        raise ConfigError(f"{key} must be a mapping of keyword arguments for {env_id}; got {args!r}")
+    try:
+        entry = spec(env_id)
+    except KeyError as e:  # the registry's message has the closest and the registered ids
+        raise ConfigError(e.args[0]) from None
+    module, _, attr = entry.entry_point.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(
+            f"environment {env_id} cannot be loaded from {entry.entry_point} ({e}); install what it needs"
+        ) from None
+    try:  # only to name an unknown argument and list the known ones; the call is make()'s
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        for name, value in args.items():
+            if name not in params:
+                close = difflib.get_close_matches(name, params, n=1)
+                hint = f" Did you mean {key}.{close[0]}?" if close else ""
+                raise ConfigError(
+                    f"{key}.{name}={value!r}: environment {env_id} takes no argument {name!r}.{hint} "
+                    f"It takes: {', '.join(params)}."
+                )
+    try:
+        return make(env_id, **args)
+    except (TypeError, ValueError) as e:
+        named = [k for k in args if re.search(rf"\b{re.escape(k)}\b", str(e))]
+        what = ", ".join(f"{key}.{k}={args[k]!r}" for k in named) or f"{key} {args}"
+        raise ConfigError(f"environment {env_id} rejects {what}: {e}; change that setting") from None
+
+
+def writable_dir(path: str | Path, key: str) -> Path:
+    """Create directory ``path`` (setting ``key``) and check that a file can be written in it, so that
+    a bad output path stops a command before its work rather than after."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=p).close()
+    except OSError as e:
+        raise ConfigError(
+            f"{key}: cannot create or write in directory {path} ({e.strerror or e}); choose a writable one"
+        ) from None
+    return p

@@ -63,6 +63,39 @@ class LoopConfig:
     """Base sampling seed; each (task, sample, turn) draws its own seed from it (None: unseeded)."""
     extra_sampling: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Values come from YAML and the command line; unchecked, a bad one would end every episode
+        # as env_error, which a rollout counts and the trainer drops.
+        def integer(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def number(v: Any) -> bool:
+            return isinstance(v, int | float) and not isinstance(v, bool)
+
+        checks = [
+            ("max_turns", integer(self.max_turns) and self.max_turns >= 1, "an integer >= 1"),
+            ("max_context", integer(self.max_context) and self.max_context >= 1, "an integer >= 1"),
+            ("max_new_tokens", integer(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
+            ("deadline_s", number(self.deadline_s) and self.deadline_s > 0, "a number of seconds > 0"),
+            ("temperature", number(self.temperature) and self.temperature >= 0, "a number >= 0 (0: greedy)"),
+            ("top_p", number(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
+            ("top_k", integer(self.top_k) and self.top_k >= -1, "an integer >= 1, or -1 or 0 for no top-k"),
+            ("tool_format", isinstance(self.tool_format, str), "the name of a tool-call format"),
+            ("end_of_turn", self.end_of_turn is None or isinstance(self.end_of_turn, str), "a token or null"),
+            ("engine_retries", integer(self.engine_retries) and self.engine_retries >= 1, "an integer >= 1"),
+            ("reset_retries", integer(self.reset_retries) and self.reset_retries >= 1, "an integer >= 1"),
+            ("grade_on_truncation", isinstance(self.grade_on_truncation, bool), "true or false"),
+            ("seed", self.seed is None or integer(self.seed), "an integer or null"),
+            ("extra_sampling", isinstance(self.extra_sampling, dict), "a mapping"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"loop.{name} must be {rule}; got {getattr(self, name)!r}")
+        try:
+            get_parser(self.tool_format)
+        except ValueError as e:
+            raise ValueError(f"loop.tool_format: {e}") from None
+
 
 class _Renderer:
     """Turns chat messages into token ids with the tokenizer's template, a constant amount of work per turn."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import ConfigError, read_settings
+from agentrl.config import ConfigError, make_env, read_settings, writable_dir
 from agentrl.rollout.agent_loop import LoopConfig
 from agentrl.sandbox import build_config
 
@@ -39,15 +39,23 @@ class RolloutConfig:
 
 def load_config(path: str | None, overrides: list[str] = ()) -> RolloutConfig:
     data = read_settings(path, overrides)
-    loop = data.pop("loop", {}) or {}
+    loop = data.pop("loop", None) or {}
+    if not isinstance(loop, dict):
+        raise ConfigError(f"loop must be a section of loop settings (e.g. loop.max_turns=4); got {loop!r}")
     try:
         cfg = build_config(RolloutConfig, data, "the rollout config")
         cfg.loop = build_config(LoopConfig, loop, "the loop section")
     except (TypeError, ValueError) as e:
-        raise ConfigError(str(e)) from e
+        raise ConfigError(str(e)) from None
     for name in ("num_tasks", "n_samples", "concurrency"):
-        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be a positive integer; got {getattr(cfg, name)!r}")
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer; got {value!r}")
+    if not isinstance(cfg.first_task, int) or isinstance(cfg.first_task, bool) or cfg.first_task < 0:
+        raise ConfigError(f"first_task must be an integer >= 0; got {cfg.first_task!r}")
+    for name in ("env", "model", "split", "store"):
+        if not isinstance(getattr(cfg, name), str) or not getattr(cfg, name):
+            raise ConfigError(f"{name} must be a non-empty string; got {getattr(cfg, name)!r}")
     return cfg
 
 
@@ -58,11 +66,22 @@ async def collect(cfg: RolloutConfig, log=print) -> dict[str, Any]:
     from agentrl.rollout.pool import RolloutPool
     from agentrl.store import TrajectoryStore
 
-    probe = make(cfg.env, **cfg.env_args)
+    # Everything a typo can break is checked here, before the model loads and episodes run.
+    probe = make_env(cfg.env, cfg.env_args, "env_args")
     if not hasattr(probe, "tasks"):
         raise ConfigError(f"environment {cfg.env} has no tasks(split, n, start) to draw tasks from")
-    tasks = probe.tasks(cfg.split, cfg.num_tasks, cfg.first_task)
-    model, tokenizer = load_model(cfg.model)
+    try:
+        tasks = probe.tasks(cfg.split, cfg.num_tasks, cfg.first_task)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(
+            f"{cfg.env} cannot draw num_tasks={cfg.num_tasks} tasks of split={cfg.split!r} from "
+            f"first_task={cfg.first_task}: {e}; change those settings"
+        ) from None
+    writable_dir(cfg.store, "store")
+    try:
+        model, tokenizer = load_model(cfg.model)
+    except (ImportError, OSError, ValueError) as e:
+        raise ConfigError(f"model={cfg.model}: {e}") from None
     engine = LocalEngine(model)
     store = TrajectoryStore(cfg.store)
     pool = RolloutPool(

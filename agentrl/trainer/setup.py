@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from agentrl.algo import explained_variance, forking_tokens, gae, group_advantages, icepop_weights
-from agentrl.config import AlgoConfig, ConfigError, TrainConfig
+from agentrl.config import AlgoConfig, ConfigError, TrainConfig, make_env, writable_dir
 from agentrl.env import Task, make
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
 from agentrl.rollout.local import LocalEngine
@@ -119,7 +119,10 @@ def _load_policy(cfg: TrainConfig):
             seed=cfg.run.seed, hidden=cfg.model.tiny_hidden, layers=cfg.model.tiny_layers
         )
     else:
-        policy, tokenizer = load_model(cfg.model.name)
+        try:
+            policy, tokenizer = load_model(cfg.model.name)
+        except (ImportError, OSError, ValueError) as e:
+            raise ConfigError(f"model.name={cfg.model.name}: {e}") from None
     if cfg.model.init:
         try:
             if Path(cfg.model.init).is_dir():  # a run's checkpoint directory: the actor's weights in it
@@ -144,11 +147,12 @@ def _seed(seed: int) -> None:
 
 
 async def setup(cfg: TrainConfig, log=print) -> Run:
+    # A bad setting stops the run here, before anything is built: env, expert keys, output directory.
+    probe_env = make_env(cfg.env.id, cfg.env.args, "env.args")
     if cfg.sft.episodes:
-        _expert_texts(cfg)  # a bad sft.expert key stops here, before anything is built
+        _expert_texts(cfg)
+    run_dir = writable_dir(cfg.run_dir, "run.output_dir")
     _seed(cfg.run.seed)
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     policy, tokenizer = _load_policy(cfg)
     o = cfg.optim
@@ -199,7 +203,7 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
     checkpoints = Checkpoints(run_dir, keep=cfg.run.keep_checkpoints)
     cursor = TaskCursor(cfg.env.train_tasks, seed=cfg.run.seed)
     run = Run(
-        cfg, log, policy, tokenizer, engine, backend, pool, store, metrics, checkpoints, cursor, env_factory()
+        cfg, log, policy, tokenizer, engine, backend, pool, store, metrics, checkpoints, cursor, probe_env
     )
     latest = checkpoints.latest() if cfg.run.resume else None
     if cfg.run.resume and latest is None:
@@ -321,8 +325,9 @@ def pretrain_critic(run: Run, batch: Batch) -> dict[str, float]:
 
 def _expert_texts(cfg: TrainConfig):
     if cfg.env.id != "bugfix-v0":
-        raise ValueError(
-            f"sft.episodes > 0 needs a scripted expert; only bugfix-v0 has one (env.id is {cfg.env.id})"
+        raise ConfigError(
+            f"sft.episodes > 0 needs a scripted expert; only bugfix-v0 has one (env.id is {cfg.env.id}): "
+            "set sft.episodes=0 or env.id=bugfix-v0"
         )
     from agentrl.envs.bugfix import expert_texts
 
@@ -390,6 +395,7 @@ async def held_out(cfg: TrainConfig, engine, tokenizer, log=print) -> dict[str, 
 async def evaluate_weights(cfg: TrainConfig, log=print) -> dict[str, float]:
     """``agentrl eval``: held-out success of the policy in ``model.init`` (saved weights, or a checkpoint
     directory of a run), with no training and nothing written."""
+    make_env(cfg.env.id, cfg.env.args, "env.args")  # a bad env setting stops here, before the model loads
     if not cfg.model.init:
         log("model.init is not set: evaluating the untrained model")
     policy, tokenizer = _load_policy(cfg)

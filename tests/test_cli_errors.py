@@ -1,0 +1,192 @@
+"""Every input error of the CLI is one line, ``error: ...`` naming the value, exit status 2, and
+comes before the model loads or an episode runs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.cli import main
+from agentrl.rollout.agent_loop import LoopConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLLOUT = str(ROOT / "recipes/rollout_bugfix_tiny.yaml")
+QUICKSTART = str(ROOT / "recipes/quickstart.yaml")
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """A bad setting must be reported before the model loads (the first expensive step)."""
+    import agentrl.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model loaded before the bad setting was reported")
+
+    monkeypatch.setattr(agentrl.models, "load_model", refuse)
+    monkeypatch.setattr(agentrl.models, "tiny_chat_model", refuse)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("loop.max_turns=abc", "error: loop.max_turns must be an integer >= 1; got 'abc'"),
+        ("loop.temperature=-1", "error: loop.temperature must be a number >= 0 (0: greedy); got -1"),
+        ("loop.top_p=1.5", "error: loop.top_p must be a number in (0, 1]; got 1.5"),
+        (
+            "loop.tool_format=xml",
+            "error: loop.tool_format: unknown tool-call format 'xml'; known formats: hermes",
+        ),
+        ("loop=3", "error: loop must be a section of loop settings"),
+        ("env=bugfx-v0", "error: no environment 'bugfx-v0'. Did you mean 'bugfix-v0'? Registered: "),
+        (
+            "env_args.max_turns=0",
+            "error: environment bugfix-v0 rejects env_args.max_turns=0: max_turns must be >= 1",
+        ),
+        ("env_args.max_turn=2", "takes no argument 'max_turn'. Did you mean env_args.max_turns?"),
+        ("env_args=[1]", "error: env_args must be a mapping of keyword arguments for bugfix-v0; got [1]"),
+        (
+            "split=dev",
+            "error: bugfix-v0 cannot draw num_tasks=1 tasks of split='dev' from first_task=0: split must be",
+        ),
+        (
+            "store=/proc/agentrl-store",
+            "error: store: cannot create or write in directory /proc/agentrl-store",
+        ),
+        ("loop.seed=[", "error: override 'loop.seed=[': '[' is not a YAML value"),
+    ],
+)
+def test_rollout_input_errors(override, message, no_model_loads, capsys):
+    assert main(["rollout", ROLLOUT, "num_tasks=1", override]) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_rollout_store_under_a_file_stops_before_any_episode(tmp_path, no_model_loads, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["rollout", ROLLOUT, f"store={tmp_path}/file/store"]) == 2
+    line = one_error_line(capsys)
+    assert f"store: cannot create or write in directory {tmp_path}/file/store (Not a directory)" in line
+    assert "choose a writable one" in line
+
+
+def test_rollout_missing_model(tmp_path, capsys):
+    assert main(["rollout", ROLLOUT, f"store={tmp_path}", "model=/nonexistent"]) == 2
+    assert "error: model=/nonexistent: unknown model '/nonexistent': use 'tiny'" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["rollout", "train", "eval"])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "holds no settings; write 'key: value' lines in it"),
+        ("# only a comment\n", "holds no settings"),
+        ("- a\n- b\n", "must hold a mapping of settings ('key: value' lines); it holds a YAML list"),
+        ("5\n", "must hold a mapping of settings ('key: value' lines); it holds a YAML scalar: 5"),
+        ("a: 1\nb c\nd: 2\n", "line 3, column 1 is not valid YAML (could not find expected ':')"),
+    ],
+)
+def test_config_file_that_is_not_a_mapping(command, text, message, tmp_path, capsys):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    assert main([command, str(path)]) == 2
+    line = one_error_line(capsys)
+    assert str(path) in line and message in line
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        # sft.episodes > 0 in the recipe: the env id is checked before the scripted expert is
+        ("env.id=bugfx-v0", "error: no environment 'bugfx-v0'. Did you mean 'bugfix-v0'?"),
+        ("env.args.max_turns=0", "error: environment bugfix-v0 rejects env.args.max_turns=0"),
+        ("env.args.bogus=1", "error: env.args.bogus=1: environment bugfix-v0 takes no argument 'bogus'"),
+    ],
+)
+def test_train_and_eval_env_errors(command, override, message, tmp_path, no_model_loads, capsys):
+    assert main([command, QUICKSTART, f"run.output_dir={tmp_path}", override]) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_train_unwritable_output_dir(tmp_path, no_model_loads, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["train", QUICKSTART, f"run.output_dir={tmp_path}/file"]) == 2
+    line = one_error_line(capsys)
+    assert f"error: run.output_dir: cannot create or write in directory {tmp_path}/file/quickstart" in line
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_train_and_eval_missing_model(command, tmp_path, capsys):
+    assert main([command, QUICKSTART, f"run.output_dir={tmp_path}", "model.name=/nonexistent"]) == 2
+    assert "error: model.name=/nonexistent: unknown model '/nonexistent'" in one_error_line(capsys)
+
+
+def test_the_installed_command_prints_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "rollout", ROLLOUT, "loop.max_turns=0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == ["error: loop.max_turns must be an integer >= 1; got 0"]
+
+
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        ({"max_turns": 0}, "loop.max_turns must be an integer >= 1; got 0"),
+        ({"max_turns": True}, "loop.max_turns must be an integer >= 1; got True"),
+        ({"max_new_tokens": 1.5}, "loop.max_new_tokens must be an integer >= 1; got 1.5"),
+        ({"deadline_s": 0}, "loop.deadline_s must be a number of seconds > 0; got 0"),
+        ({"temperature": float("nan")}, "loop.temperature must be a number >= 0 (0: greedy); got nan"),
+        ({"top_p": 0}, "loop.top_p must be a number in (0, 1]; got 0"),
+        ({"top_k": -2}, "loop.top_k must be an integer >= 1, or -1 or 0 for no top-k; got -2"),
+        ({"engine_retries": 0}, "loop.engine_retries must be an integer >= 1; got 0"),
+        ({"grade_on_truncation": "yes"}, "loop.grade_on_truncation must be true or false; got 'yes'"),
+        ({"seed": "1"}, "loop.seed must be an integer or null; got '1'"),
+    ],
+)
+def test_loop_config_checks_each_field(values, message):
+    with pytest.raises(ValueError) as e:
+        LoopConfig(**values)
+    assert str(e.value) == message
+    LoopConfig(temperature=0, top_p=1, top_k=0, seed=None, deadline_s=0.5)  # the edges that are allowed
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["rollout"], "error: the following arguments are required: config"),
+        (["quickstart", "--iterations", "x"], "error: argument --iterations: invalid int value: 'x'"),
+        (["bogus"], "error: argument COMMAND: invalid choice: 'bogus'"),
+    ],
+)
+def test_bad_arguments_are_one_line_too(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    line = one_error_line(capsys)
+    assert line.startswith(message) and line.endswith("--help` shows the usage")
+
+
+@pytest.mark.parametrize(
+    "path,message",
+    [
+        (
+            "no-such-recipe.yaml",
+            "error: config file no-such-recipe.yaml does not exist; pass the path of a YAML file",
+        ),
+        (str(ROOT / "recipes"), "Is a directory"),
+    ],
+)
+def test_config_file_that_cannot_be_read(path, message, capsys):
+    assert main(["rollout", path]) == 2
+    assert message in one_error_line(capsys)

@@ -1,0 +1,82 @@
+"""SIGTERM and SIGINT stop a running ``agentrl rollout`` with one line, no traceback, and the exit
+status of the signal (128 + its number); a second signal while it stops changes nothing else."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Many short episodes (one turn, no grading), so the rollout is still running when the signal comes.
+ROLLOUT = [
+    "rollout",
+    str(ROOT / "recipes/rollout_bugfix_tiny.yaml"),
+    "env_args.sandbox=local",
+    "num_tasks=200",
+    "n_samples=1",
+    "concurrency=2",
+    "loop.max_turns=1",
+    "loop.grade_on_truncation=false",
+]
+
+
+def _start(store: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", *ROLLOUT, f"store={store}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_signals_stop_a_running_rollout_with_one_line(tmp_path):
+    trials = {  # the signals each run gets, 10 ms apart, and the exit status it must end with
+        "term": ([signal.SIGTERM], {143}),
+        "int": ([signal.SIGINT], {130}),
+        # The second comes while the first stops the run (or both are pending at once): the run
+        # ends at once, with the status of whichever reached the handler first.
+        "twice": ([signal.SIGTERM, signal.SIGINT], {130, 143}),
+    }
+    # Side by side: most of each run is starting up (imports, the tiny model).
+    procs = {name: _start(tmp_path / name) for name in trials}
+    try:
+        deadline = time.monotonic() + 120
+        waiting = set(trials)
+        while waiting and time.monotonic() < deadline:
+            for name in list(waiting):
+                # The first stored trajectory: episodes are running, sandboxes are open.
+                if any((tmp_path / name).glob("*.jsonl.gz")) or procs[name].poll() is not None:
+                    for signum in trials[name][0]:
+                        procs[name].send_signal(signum)
+                        time.sleep(0.01)
+                    waiting.discard(name)
+            time.sleep(0.05)
+        errs = {name: procs[name].communicate(timeout=120)[1] for name in trials}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    for name, (signals, codes) in trials.items():
+        err, code = errs[name], procs[name].returncode
+        assert code in codes, (name, code, err)
+        for noise in ("Traceback", "Exception ignored", "Task exception was never retrieved"):
+            assert noise not in err, (name, err)
+        lines = err.splitlines()
+        # Other lines are the sandboxes' log warnings; the stop is said once, last.
+        assert [line for line in lines if line.startswith("agentrl: ")] == [lines[-1]], (name, err)
+        first = signal.Signals(code - 128).name
+        if len(signals) == 1:
+            assert lines[-1] == f"agentrl: interrupted by {first}; stopped.", (name, err)
+        else:
+            assert lines[-1].startswith(f"agentrl: interrupted by {first}"), (name, err)
+
+
+def test_main_gives_the_signal_handlers_back(capsys):
+    from agentrl.cli import main
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert main(["envs"]) == 0
+    assert "bugfix-v0" in capsys.readouterr().out
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -205,11 +205,11 @@ def _sandbox_doctor(args: argparse.Namespace) -> int:
     checks = doctor()
     ok, detail = bwrap_works()
     checks.append(("bubblewrap (local backend)", ok, detail if not ok else f"works ({detail})"))
-    checks.append(("local backend", True, "always available (isolation 'bwrap' when it works, else 'none')"))
     for name, good, text in checks:
         print(f"[{'ok' if good else '--'}] {name}: {text}")
     docker_ok = all(good for name, good, _ in checks if name.startswith(("docker", "image")))
-    print(f"docker backend: {'usable' if docker_ok else 'not usable here'}; local backend: usable")
+    local = "usable" if ok else "only unisolated, when asked for (isolation: none)"
+    print(f"docker backend: {'usable' if docker_ok else 'not usable here'}; local backend: {local}")
     return 0
 
 

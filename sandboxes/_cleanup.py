@@ -1,8 +1,9 @@
 """Last-resort cleanup of what sandboxes leave on the host: the functions registered here run at
-interpreter exit and on SIGINT/SIGTERM of the process (then the previous handler runs, so Ctrl-C
-still raises ``KeyboardInterrupt`` and SIGTERM still ends the process). ``close()`` remains the
-normal path; this covers a process stopped before it got there. Nothing survives ``kill -9``:
-``agentrl sandbox gc`` is for that."""
+interpreter exit, and on SIGINT/SIGTERM when the signal's action would end the process at once
+(the default action: they run, then the signal ends the process). Where a Python handler takes
+the signal (Ctrl-C's ``KeyboardInterrupt``, the ``agentrl`` command's clean stop), it runs
+instead, the program unwinds through every sandbox's ``close()``, and the hooks run at exit.
+Nothing survives ``kill -9``: ``agentrl sandbox gc`` is for that."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: run_hooks may run in a signal handler
 _hooks: list[Callable[[], None]] = []
 _installed = False
 
@@ -45,9 +46,18 @@ def run_hooks() -> None:
 
 
 def _on_signal(signum, frame, previous) -> None:
-    run_hooks()
     if callable(previous):
+        # A Python handler (KeyboardInterrupt, the agentrl command's own) unwinds the program: every
+        # sandbox's close() runs on the way out, and the hooks at exit for what is left; running them
+        # here would pull workspaces and containers from under episodes that are closing anyway.
         previous(signum, frame)
-    elif previous == signal.SIG_DFL:
+        return
+    # The default action ends the process at once: clean up first, with these signals held back so
+    # that a second one cannot cut the hooks short.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        run_hooks()
+    finally:
         signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    os.kill(os.getpid(), signum)

@@ -80,3 +80,60 @@ def test_main_gives_the_signal_handlers_back(capsys):
     assert main(["envs"]) == 0
     assert "bugfix-v0" in capsys.readouterr().out
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_sigterm_leaves_no_docker_container(tmp_path):
+    """SIGTERM to `agentrl rollout` on Docker sandboxes, at ten moments of its run (containers being
+    created, running, being removed): every run ends with 143 and leaves no container behind."""
+    from tests.conftest import require_docker
+
+    require_docker()
+    import docker
+
+    client = docker.from_env()
+
+    def containers_of(pid: int) -> list:
+        return client.containers.list(
+            all=True, filters={"label": ["agentrl.sandbox=1", f"agentrl.pid={pid}"]}
+        )
+
+    runs = []
+    for i in range(10):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentrl.cli",
+                *ROLLOUT,
+                "env_args.sandbox=docker",
+                "concurrency=6",
+                f"store={tmp_path / str(i)}",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        runs.append((proc, 0.15 * i))  # seconds after its first container before the signal
+    try:
+        pending = dict(enumerate(runs))
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + 240
+        while pending and time.monotonic() < deadline:
+            for i, (proc, delay) in list(pending.items()):
+                if i not in seen and (containers_of(proc.pid) or proc.poll() is not None):
+                    seen[i] = time.monotonic()
+                if i in seen and time.monotonic() >= seen[i] + delay:
+                    proc.send_signal(signal.SIGTERM)
+                    del pending[i]
+            time.sleep(0.02)
+        results = [(proc.pid, proc.communicate(timeout=120)[1], proc.returncode) for proc, _ in runs]
+    finally:
+        for proc, _ in runs:
+            if proc.poll() is None:
+                proc.kill()
+    time.sleep(1.0)  # a removal the daemon was still finishing
+    left = {pid: [c.short_id for c in containers_of(pid)] for pid, _, _ in results}
+    assert [code for _, _, code in results] == [143] * 10, [err[-800:] for _, err, _ in results]
+    assert all(not ids for ids in left.values()), left
+    assert not any("Traceback" in err for _, err, _ in results)

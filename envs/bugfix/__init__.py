@@ -52,6 +52,7 @@ SYSTEM_PROMPT = (
     "with `bash`, read and edit files with `str_replace_editor`, and call `submit` when you are done."
 )
 _APPLY_FAILED = "agentrl: the submission did not apply"
+_SUBMISSION = ".agentrl-submission.patch"
 REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
 _PASSED = re.compile(r"(\d+) passed")
 # grader="python": import each tests/**/test_*.py as a module and call its test_* functions, counting
@@ -205,15 +206,18 @@ class BugfixEnv:
         self.last_grade = None
         return self.observation(task)
 
-    async def _install_task(self, sandbox) -> str:
-        """Put the task's files in ``sandbox``'s workspace and commit them; returns the commit."""
+    async def _install_task(self, sandbox, extra: dict[str, str] | None = None, commit: bool = True) -> str:
+        """Put the task's files (and ``extra`` ones) in ``sandbox``'s workspace, and commit them;
+        returns the commit ("" with ``commit=False``)."""
         with tempfile.TemporaryDirectory(prefix="agentrl-bugfix-") as tmp:
             root = Path(tmp) / "task"
-            for path, content in self.spec.files.items():
+            for path, content in {**self.spec.files, **(extra or {})}.items():
                 (root / path).parent.mkdir(parents=True, exist_ok=True)
                 (root / path).write_text(content)
             os.chmod(root, 0o755)
             await sandbox.upload(str(root), sandbox.workdir)
+        if not commit:
+            return ""
         setup = await sandbox.exec(
             "git add -A && git -c user.name=agentrl -c user.email=agentrl@localhost commit -qm task && git rev-parse HEAD",
             timeout=60,
@@ -332,13 +336,13 @@ class BugfixEnv:
         sandbox, starting = fresh
         try:
             await starting
-            await self._install_task(sandbox)
+            # the patch travels with the task's files; applied to the work tree, no commit needed
+            await self._install_task(sandbox, {_SUBMISSION: kept} if kept else None, commit=False)
             apply = ""
             if kept:
-                await sandbox.write_file(".git/agentrl-submission.patch", kept)
                 apply = (
-                    "git apply --whitespace=nowarn .git/agentrl-submission.patch "
-                    f"|| {{ echo {_APPLY_FAILED}; exit 1; }}; rm .git/agentrl-submission.patch; "
+                    f"git apply --whitespace=nowarn {_SUBMISSION} "
+                    f"|| {{ echo {_APPLY_FAILED}; exit 1; }}; rm {_SUBMISSION}; "
                 )
             reward, output = await self._run_grader(sandbox, prefix=apply)
         finally:

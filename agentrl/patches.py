@@ -33,6 +33,7 @@ CONFIG_FILES = frozenset(
     {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "setup.py", "noxfile.py"}
 )
 STARTUP_HOOKS = ("sitecustomize.py", "usercustomize.py", "*.pth")
+_MODE_LINES = ("new file mode", "new mode", "old mode", "deleted file mode")
 
 
 @dataclass
@@ -126,7 +127,7 @@ def split_patch(patch: str) -> list[FileDiff]:
                 problem = "a rename or copy"
             elif line.startswith(("GIT binary patch", "Binary files")):
                 problem = "a binary patch"
-            elif line.rstrip("\n").endswith(" 120000") and line.startswith(("new file mode", "new mode", "old mode", "deleted file mode")):
+            elif line.startswith(_MODE_LINES) and line.split()[-1] == "120000":
                 problem = "a symlink"
         files.append(FileDiff(new or old, text, problem))
     return files

@@ -149,14 +149,16 @@ def test_gc_survives_containers_coming_and_going():
     stop = threading.Event()
 
     def churn():
+        # The low-level calls: the high-level create inspects the container after making it, which
+        # the gc under test may have removed by then.
         while not stop.is_set():
-            c = client.containers.create(
-                "agentrl/base:bookworm",
-                ["true"],
-                labels={LABEL: "1", "agentrl.run": run_label, "agentrl.pid": "999999999"},
-            )
             with contextlib.suppress(docker.errors.APIError):  # gc may be removing it already
-                c.remove(force=True)
+                made = client.api.create_container(
+                    "agentrl/base:bookworm",
+                    ["true"],
+                    labels={LABEL: "1", "agentrl.run": run_label, "agentrl.pid": "999999999"},
+                )
+                client.api.remove_container(made["Id"], force=True)
 
     workers = [threading.Thread(target=churn) for _ in range(3)]
     for w in workers:

@@ -11,7 +11,9 @@ Every command goes through a small runner script (``_exec.sh``, root-owned and r
 root) that runs the command as the sandbox's user, enforces its timeout inside the container,
 kills every process the command started when it expires (by uid and start time, which no child
 can shed), detaches background processes from the caller's output stream, and reports OOM kills
-and fork bombs (the pids limit refusing a fork: every process of the user is then killed). The
+and fork bombs (the pids limit refusing a fork: every process of the user is then killed). A
+timeout's kill also takes what a command run at the same time in the same sandbox started since;
+episodes run their commands one at a time. The
 Docker SDK's ``exec_run`` has none of this, and a client-side socket timeout does not apply to
 exec streams.
 

@@ -7,7 +7,9 @@ Isolation is weaker than the Docker backend's, and this says how:
   with a private ``/tmp``, ``/run`` (the Docker socket lives there), ``/root``, ``/home`` and the
   creating process's working directory hidden (the Python environment is mounted back read-only
   so the agent's ``python`` works), and only the workspace writable. When the command exits,
-  everything it started in the background is killed with its PID namespace. The sandbox's user
+  everything it started in the background is killed with its PID namespace, and the call returns
+  once what was in the sandbox's cgroup (or ran as its uid) is gone, so that a fork bomb's dying
+  processes do not count against the next command's limit. The sandbox's user
   is never host root: started as root, the command runs as a host uid of its own (one per
   sandbox, from ``HOST_UIDS``), which cannot read mode-0600 files or use the Docker socket; started
   as another user, as uid 1000 in a user namespace mapped to that user.
@@ -148,15 +150,23 @@ class Cgroup:
         """Forks refused at the process limit so far (the ``max`` counter of ``pids.events``)."""
         return _counter(self.dirs[0] / "pids.events", "max")
 
-    def kill_all(self) -> None:
-        for _ in range(5):
-            pids = [int(p) for p in (self.dirs[0] / "cgroup.procs").read_text().split()]
-            if not pids:
-                return
+    def procs(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.dirs[0] / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def kill_all(self, wait: float = 2.0) -> None:
+        """Kill every process in the cgroup and wait (up to ``wait`` seconds) until none is left:
+        a process counts against the limit until it is reaped, and one that forks is killed again."""
+        deadline = time.monotonic() + wait
+        while pids := self.procs():
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
     def remove(self) -> None:
         self.kill_all()
@@ -538,16 +548,22 @@ class LocalSandbox(AsyncStartClose):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
-        self._sweep()
+        self._procs.discard(proc)
+        await self._sweep()
 
-    def _sweep(self) -> None:
-        """Kill what may be left of the sandbox's commands (bwrap's PID namespaces need nothing)."""
-        if self._bwrap:
+    async def _sweep(self, force: bool = False) -> None:
+        """Kill what is left of the sandbox's commands (background processes, or a namespace whose
+        command was killed) and wait until it is gone, so that the next command starts with the
+        process limit free. While another command runs in the sandbox (``force`` aside) nothing is
+        killed: its processes cannot be told apart; what is left is killed when the last one ends."""
+        if self._procs and not force:
             return
-        if self.uid is not None:
-            kill_uid(self.uid)
-        elif self._cgroup is not None:
-            self._cgroup.kill_all()
+        loop = asyncio.get_running_loop()
+        if self._cgroup is not None:
+            if self._cgroup.procs():
+                await loop.run_in_executor(None, self._cgroup.kill_all)
+        elif self.uid is not None:
+            await loop.run_in_executor(None, kill_uid, self.uid)
 
     async def exec(
         self,
@@ -583,7 +599,7 @@ class LocalSandbox(AsyncStartClose):
             if timed_out or pids_exhausted:
                 await self._stop(proc)
             else:
-                self._sweep()  # background processes do not outlive their command here
+                await self._sweep()  # background processes do not outlive their command here
             size = out.seek(0, os.SEEK_END)
             out.seek(0)
             if size > cap:
@@ -672,7 +688,7 @@ class LocalSandbox(AsyncStartClose):
         for proc in list(self._procs):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-        self._sweep()
+        await self._sweep(force=True)
         if self._tmpdir:  # the next user starts with an empty TMPDIR, as with a fresh /tmp
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             os.mkdir(self._tmpdir, 0o700)

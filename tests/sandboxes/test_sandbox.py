@@ -117,6 +117,9 @@ def test_fork_bomb_is_contained_and_never_hangs_the_caller(backend):
                 assert time.perf_counter() - t < 5 + 2
             if backend == "docker":  # the local backend kills it with its command, before the limit
                 assert any(c.pids_exhausted for c in calls)
+            else:  # and waits until it is gone: the next command neither fails to start nor is blamed
+                for c in calls[1:]:
+                    assert c.output.split()[0] == "alive" and not c.pids_exhausted, c
             last = calls[-1]
             assert last.output.split()[0] == "alive" and not last.sandbox_died
             assert int(last.output.split()[1]) < 20  # the bomb is gone, not just paused

@@ -138,8 +138,7 @@ def _error(message: object) -> int:
 
 def _quickstart(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError, TrainConfig, load_config
-    from agentrl.envs.bugfix import docker_ready
-    from agentrl.sandboxes.local import bwrap_works
+    from agentrl.sandbox import NoSandboxError, resolve_kind
     from agentrl.trainer.ppo import train
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
@@ -147,14 +146,22 @@ def _quickstart(args: argparse.Namespace) -> int:
         return _error(f"{recipe} not found: run the quickstart from a clone of the repository")
     # bubblewrap first: on 2 CPU cores a grade in a fresh Docker container (two container starts an
     # episode) costs about 1 s more than in bubblewrap, and the run about twice the time.
-    sandbox = "local" if bwrap_works()[0] or not docker_ready() else "docker"
-    overrides = [f"env.args.sandbox={sandbox}", f"run.seed={args.seed}", *args.overrides]
+    try:
+        sandbox = resolve_kind("auto", prefer="local")
+    except NoSandboxError as e:
+        return _error(e)
+    why = (
+        "bubblewrap runs here, and costs about half the time of Docker on this recipe"
+        if sandbox == "local"
+        else "bubblewrap cannot run here, and a Docker engine with the base image answers"
+    )
+    overrides = [f"sandbox.kind={sandbox}", f"run.seed={args.seed}", *args.overrides]
     if args.iterations is not None:
         overrides.append(f"run.iterations={args.iterations}")
     print(
         "agentrl quickstart: a tiny policy is trained to fix one-function bugs in bugfix-v0 on this CPU\n"
-        f"  sandbox: {sandbox}; recipe: recipes/quickstart.yaml\n"
-        "  1. warm start: supervised on the scripted expert's episodes (played through the real loop)\n"
+        f"  sandbox: {sandbox} ({why}); recipe: recipes/quickstart.yaml\n"
+        "  1. warm start: supervised on the environment's demonstrations (played through the real loop)\n"
         "  2. held-out success of the greedy policy\n"
         "  3. PPO + critic (GAE over the policy's tokens) + IcePop, no KL, on sampled episodes\n"
         "  4. held-out success again; metrics.jsonl and curve.png in runs/quickstart/",
@@ -234,11 +241,15 @@ def _envs_check(args: argparse.Namespace) -> int:
         env = make(args.id, **overrides)
     except KeyError as e:
         return _error(e.args[0])
-    task = env.task("train", 0) if hasattr(env, "task") else None
-    if task is None:
-        return _error(f"{args.id} has no task(split, index) method to draw a task from")
+    try:
+        task = env.tasks("train")[0]
+    except (AttributeError, KeyError, IndexError, ValueError) as e:
+        return _error(
+            f"{args.id}: cannot draw a task from env.tasks('train') ({e!r}); it must return its tasks"
+        )
     try:
         passed = _run(check_env_async(env, task))
+        passed += _run(_episode_checks(args.id, overrides, env, task))
     except EnvCheckError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
@@ -248,11 +259,23 @@ def _envs_check(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _episode_checks(env_id: str, overrides: dict, probe, task) -> list[str]:
+    from agentrl.env import make
+    from agentrl.models import env_corpus, tiny_tokenizer
+    from agentrl.rollout.agent_loop import LoopConfig
+    from agentrl.rollout.scripted import check_demonstration
+
+    tokenizer = tiny_tokenizer(corpus=env_corpus(probe))
+    loop = LoopConfig(max_turns=getattr(probe, "max_turns", 8), max_new_tokens=1024, max_context=16384)
+    return await check_demonstration(lambda: make(env_id, **overrides), task, tokenizer, loop)
+
+
 def _rollout(args: argparse.Namespace) -> int:
-    from agentrl.rollout.run import ConfigError, collect, load_config
+    from agentrl.config import ConfigError, TrainConfig, load_config
+    from agentrl.rollout.run import collect
 
     try:
-        _run(collect(load_config(args.config, args.overrides)))
+        _run(collect(load_config(TrainConfig, args.config, args.overrides)))
     except ConfigError as e:
         return _error(e)
     return 0
@@ -273,7 +296,7 @@ def _eval(args: argparse.Namespace) -> int:
     import json
 
     from agentrl.config import ConfigError, TrainConfig, load_config
-    from agentrl.trainer.setup import evaluate_weights
+    from agentrl.trainer.evaluation import evaluate_weights
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
@@ -328,7 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rollout = commands.add_parser("rollout", help="collect trajectories into a store, without training")
     rollout.add_argument("config", help="YAML file (e.g. recipes/rollout_bugfix_tiny.yaml)")
-    rollout.add_argument("overrides", nargs="*", help="key=value or loop.key=value overrides")
+    rollout.add_argument(
+        "overrides", nargs="*", help="key.sub=value overrides (e.g. collect.tasks=32 rollout.max_turns=4)"
+    )
     rollout.set_defaults(func=_rollout)
 
     train = commands.add_parser("train", help="train with PPO (or GRPO, ...) from a recipe")

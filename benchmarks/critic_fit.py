@@ -22,9 +22,10 @@ import torch
 
 from agentrl.algo import explained_variance
 from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.rollout.from_config import env_factory, load_policy
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.backend import Batch, LossConfig
-from agentrl.trainer.setup import _load_policy, advantages
+from agentrl.trainer.phases import advantages
 from agentrl.trainer.torch_backend import TorchBackend
 
 
@@ -79,7 +80,7 @@ def main() -> int:
     )
     for lr in args.lr:
         torch.manual_seed(0)
-        policy, _ = _load_policy(cfg)
+        policy, _ = load_policy(cfg, env_factory(cfg)())
         backend = TorchBackend(
             policy, critic_lr=lr, epochs=1, minibatches=args.minibatches, seed=cfg.run.seed
         )

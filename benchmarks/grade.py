@@ -28,7 +28,7 @@ async def grade_times(grader: str, sandbox: str, n: int) -> dict[str, list[float
     env = make("bugfix-v0", sandbox=sandbox, n_modules=1, n_distractors=0, grader=grader)
     seconds: dict[str, list[float]] = {"baseline": [], "fresh": []}
     try:
-        for task in env.tasks("train", n):
+        for task in env.tasks("train")[:n]:
             await env.reset(task)
             for fixed in (False, True):
                 if fixed:

@@ -37,48 +37,59 @@ def no_model_loads(monkeypatch):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("loop.max_turns=abc", "error: loop.max_turns must be an integer >= 1; got 'abc'"),
-        ("loop.temperature=-1", "error: loop.temperature must be a number >= 0 (0: greedy); got -1"),
-        ("loop.top_p=1.5", "error: loop.top_p must be a number in (0, 1]; got 1.5"),
+        ("rollout.max_turns=abc", "error: invalid config in "),
+        ("rollout.max_turns=abc", "'rollout.max_turns': Input should be a valid integer"),
+        ("rollout.temperature=-1", "'rollout.temperature': Input should be greater than or equal to 0"),
+        ("rollout.top_p=1.5", "'rollout.top_p': Input should be less than or equal to 1"),
+        ("rollout.tool_format=xml", "'rollout.tool_format': Input should be 'hermes' or 'glm' (got 'xml')"),
+        ("rollout=3", "'rollout': Input should be a valid dictionary or instance of RolloutConfig"),
+        ("engine.kind=sglnag", "'engine.kind': unknown engine.kind 'sglnag'. Registered: local."),
+        ("engine.kind=locl", "unknown engine.kind 'locl'. Did you mean 'local'?"),
+        ("trainer.backend=torc", "unknown trainer.backend 'torc'. Did you mean 'torch'?"),
+        ("env.id=bugfx-v0", "error: no environment 'bugfx-v0'. Did you mean 'bugfix-v0'? Registered: "),
         (
-            "loop.tool_format=xml",
-            "error: loop.tool_format: unknown tool-call format 'xml'; known formats: hermes",
+            "env.args.max_turns=2",
+            "error: env.args.max_turns=2: the run sets it from rollout.max_turns; set that instead",
         ),
-        ("loop=3", "error: loop must be a section of loop settings"),
-        ("env=bugfx-v0", "error: no environment 'bugfx-v0'. Did you mean 'bugfix-v0'? Registered: "),
+        ("env.args.sandbox=local", "error: env.args.sandbox='local': the run sets it from sandbox.kind"),
+        ("env.args.n_module=2", "takes no argument 'n_module'. Did you mean env.args.n_modules?"),
+        ("env.args.n_modules=0", "error: environment bugfix-v0 rejects env.args.n_modules=0"),
+        ("env.args=[1]", "'env.args': Input should be a valid dictionary"),
+        ("sandbox.kind=vm", "'sandbox.kind': Input should be 'auto', 'docker' or 'local' (got 'vm')"),
+        ("collect.split=dev", "error: collect.split='dev': environment bugfix-v0 has no such split"),
         (
-            "env_args.max_turns=0",
-            "error: environment bugfix-v0 rejects env_args.max_turns=0: max_turns must be >= 1",
+            "collect.store=/proc/agentrl-store",
+            "collect.store: cannot create or write in directory /proc/agentrl-store",
         ),
-        ("env_args.max_turn=2", "takes no argument 'max_turn'. Did you mean env_args.max_turns?"),
-        ("env_args=[1]", "error: env_args must be a mapping of keyword arguments for bugfix-v0; got [1]"),
-        (
-            "split=dev",
-            "error: bugfix-v0 cannot draw num_tasks=1 tasks of split='dev' from first_task=0: split must be",
-        ),
-        (
-            "store=/proc/agentrl-store",
-            "error: store: cannot create or write in directory /proc/agentrl-store",
-        ),
-        ("loop.seed=[", "error: override 'loop.seed=[': '[' is not a YAML value"),
+        ("run.seed=[", "error: override 'run.seed=[': '[' is not a YAML value"),
+        ("run.device=tpu", "'run.device': Input should be 'auto', 'cpu' or 'cuda' (got 'tpu')"),
     ],
 )
 def test_rollout_input_errors(override, message, no_model_loads, capsys):
-    assert main(["rollout", ROLLOUT, "num_tasks=1", override]) == 2
+    assert main(["rollout", ROLLOUT, "collect.tasks=1", "sandbox.kind=local", override]) == 2
     assert message in one_error_line(capsys)
 
 
 def test_rollout_store_under_a_file_stops_before_any_episode(tmp_path, no_model_loads, capsys):
     (tmp_path / "file").write_text("")
-    assert main(["rollout", ROLLOUT, f"store={tmp_path}/file/store"]) == 2
+    assert main(["rollout", ROLLOUT, "sandbox.kind=local", f"collect.store={tmp_path}/file/store"]) == 2
     line = one_error_line(capsys)
-    assert f"store: cannot create or write in directory {tmp_path}/file/store (Not a directory)" in line
+    assert (
+        f"collect.store: cannot create or write in directory {tmp_path}/file/store (Not a directory)" in line
+    )
     assert "choose a writable one" in line
 
 
 def test_rollout_missing_model(tmp_path, capsys):
-    assert main(["rollout", ROLLOUT, f"store={tmp_path}", "model=/nonexistent"]) == 2
-    assert "error: model=/nonexistent: unknown model '/nonexistent': use 'tiny'" in one_error_line(capsys)
+    assert (
+        main(
+            ["rollout", ROLLOUT, "sandbox.kind=local", f"collect.store={tmp_path}", "model.name=/nonexistent"]
+        )
+        == 2
+    )
+    assert "error: model.name=/nonexistent: unknown model '/nonexistent': use 'tiny'" in one_error_line(
+        capsys
+    )
 
 
 @pytest.mark.parametrize("command", ["rollout", "train", "eval"])
@@ -104,9 +115,10 @@ def test_config_file_that_is_not_a_mapping(command, text, message, tmp_path, cap
 @pytest.mark.parametrize(
     "override,message",
     [
-        # sft.episodes > 0 in the recipe: the env id is checked before the scripted expert is
+        # sft.episodes > 0 in the recipe: the env is checked before any demonstration is played
         ("env.id=bugfx-v0", "error: no environment 'bugfx-v0'. Did you mean 'bugfix-v0'?"),
-        ("env.args.max_turns=0", "error: environment bugfix-v0 rejects env.args.max_turns=0"),
+        ("rollout.max_turns=0", "'rollout.max_turns': Input should be greater than or equal to 1"),
+        ("env.args.n_modules=0", "error: environment bugfix-v0 rejects env.args.n_modules=0"),
         ("env.args.bogus=1", "error: env.args.bogus=1: environment bugfix-v0 takes no argument 'bogus'"),
     ],
 )
@@ -130,13 +142,16 @@ def test_train_and_eval_missing_model(command, tmp_path, capsys):
 
 def test_the_installed_command_prints_one_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "rollout", ROLLOUT, "loop.max_turns=0"],
+        [sys.executable, "-m", "agentrl.cli", "rollout", ROLLOUT, "rollout.max_turns=0"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 2
-    assert out.stderr.splitlines() == ["error: loop.max_turns must be an integer >= 1; got 0"]
+    assert out.stderr.splitlines() == [
+        f"error: invalid config in {ROLLOUT}: 'rollout.max_turns': Input should be greater than or equal "
+        "to 1 (got 0)."
+    ]
 
 
 @pytest.mark.parametrize(

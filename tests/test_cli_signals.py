@@ -8,26 +8,34 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Many short episodes (one turn, no grading), so the rollout is still running when the signal comes.
+# Many short episodes (one turn each), so the rollout is still running when the signal comes.
 ROLLOUT = [
     "rollout",
     str(ROOT / "recipes/rollout_bugfix_tiny.yaml"),
-    "env_args.sandbox=local",
-    "num_tasks=200",
-    "n_samples=1",
-    "concurrency=2",
-    "loop.max_turns=1",
-    "loop.grade_on_truncation=false",
+    "sandbox.kind=local",
+    "collect.tasks=200",
+    "rollout.n_samples=1",
+    "rollout.concurrency=2",
+    "rollout.max_turns=1",
+    "metrics.progress=false",
 ]
+
+
+def _as_in_a_terminal() -> None:
+    # A command started in the background by a non-interactive shell (`make test &`, some CI
+    # runners) inherits SIGINT ignored, and keeps it so, as it should; the user's Ctrl-C this test
+    # plays comes to a command run in the foreground, where SIGINT has its default action.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _start(store: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", *ROLLOUT, f"store={store}"],
+        [sys.executable, "-m", "agentrl.cli", *ROLLOUT, f"collect.store={store}"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_in_a_terminal,
     )
 
 
@@ -105,9 +113,9 @@ def test_sigterm_leaves_no_docker_container(tmp_path):
                 "-m",
                 "agentrl.cli",
                 *ROLLOUT,
-                "env_args.sandbox=docker",
-                "concurrency=6",
-                f"store={tmp_path / str(i)}",
+                "sandbox.kind=docker",
+                "rollout.concurrency=6",
+                f"collect.store={tmp_path / str(i)}",
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,

@@ -27,8 +27,10 @@ class EchoEnv:
     def __init__(self, greeting="hello", broken=None):
         self.greeting, self.broken, self.closed = greeting, broken, 0
 
-    def task(self, split, index):
-        return Task(f"{split}-{index}", {"index": index})
+    def tasks(self, split):
+        if self.broken == "no_tasks":
+            raise AttributeError("tasks")
+        return [Task(f"{split}-{i}", {"index": i}) for i in range(4)]
 
     async def reset(self, task):
         if self.broken == "nondeterministic":
@@ -114,6 +116,14 @@ def test_checker_names_the_likely_cause(broken, message):
     assert check_env(EchoEnv(), Task("t-0"))[-1] == "close is idempotent"
 
 
+def test_checker_names_what_the_protocol_lacks():
+    class NoTasks(EchoEnv):
+        tasks = None
+
+    with pytest.raises(EnvCheckError, match="NoTasks lacks tasks: the AgentEnv protocol needs tasks"):
+        check_env(NoTasks(), Task("t-0"))
+
+
 # Every environment the package registers (test modules register toy ones of their own).
 @pytest.mark.parametrize("env_id", [e for e in list_envs() if not spec(e).entry_point.startswith("tests.")])
 @pytest.mark.parametrize("backend", ["local", "docker"])
@@ -123,5 +133,14 @@ def test_check_env_on_every_registered_env(env_id, backend):
 
         require_docker()
     env = make(env_id, sandbox=backend)
-    passed = check_env(env, env.task("train", 0))
+    passed = check_env(env, env.tasks("train")[0])
     assert "malformed tool calls become observations" in passed and "close is idempotent" in passed
+
+
+def test_envs_check_plays_the_demonstration_and_an_idle_agent(capsys):
+    from agentrl.cli import main
+
+    assert main(["envs", "check", "bugfix-v0", "--sandbox", "local"]) == 0
+    out = capsys.readouterr().out
+    assert "ok  the demonstration earns its reward (1) through the agent loop" in out
+    assert "ok  an agent that does nothing does not succeed" in out

@@ -5,15 +5,15 @@ padding tokens. Functions return ``(value, metrics)`` with metrics as detached f
 returns ``(advantages, returns)``).
 """
 
-from agentrl.algo.advantages import discounted_reverse_cumsum, gae, group_advantages
+from agentrl.algo.advantages import discounted_reverse_cumsum, gae, group_advantages, place_rewards, whiten
 from agentrl.algo.logprobs import token_logprobs
 from agentrl.algo.losses import (
     aggregate,
     explained_variance,
-    forking_tokens,
     icepop_weights,
     kl_penalty,
     policy_loss,
+    tis_weights,
     value_loss,
 )
 
@@ -21,12 +21,14 @@ __all__ = [
     "aggregate",
     "discounted_reverse_cumsum",
     "explained_variance",
-    "forking_tokens",
     "gae",
     "group_advantages",
     "icepop_weights",
     "kl_penalty",
+    "place_rewards",
     "policy_loss",
+    "tis_weights",
     "token_logprobs",
     "value_loss",
+    "whiten",
 ]

@@ -195,3 +195,35 @@ def group_advantages(
         "zero_adv_frac": float((adv == 0).to(dtype).mean()) if adv.numel() else 0.0,
     }
     return adv.to(rewards.dtype), metrics
+
+
+def place_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Episode rewards as per-token rewards for ``gae``: each row's reward on its last trainable token
+    (the end of the policy's last turn), 0 elsewhere; a row with no trainable token gets none.
+
+    Args:
+        rewards: ``[B]`` episode rewards.
+        mask: ``[B, T]`` 1 = trainable token.
+    """
+    check_2d("mask", mask)
+    trainable = as_bool_mask(mask)
+    if rewards.shape != trainable.shape[:1]:
+        raise ValueError(f"rewards must be [B] = [{trainable.shape[0]}]; got {list(rewards.shape)}")
+    check_finite("rewards", rewards)
+    out = torch.zeros(trainable.shape, dtype=torch.float32, device=rewards.device)
+    positions = torch.arange(trainable.shape[1], device=trainable.device)
+    last = torch.where(trainable, positions, -1).max(1).values
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    out[rows, last[rows]] = rewards[rows].float()
+    return out
+
+
+def whiten(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """Advantages shifted and scaled to mean 0 and standard deviation 1 over the trainable tokens
+    (0 off the mask); unchanged when fewer than two tokens or no spread."""
+    check_same_shape("advantages", advantages, mask=mask)
+    trainable = as_bool_mask(mask)
+    values = advantages[trainable]
+    if values.numel() < 2 or float(values.std()) == 0:
+        return advantages
+    return torch.where(trainable, (advantages - values.mean()) / (values.std() + eps), torch.zeros(()))

@@ -69,46 +69,31 @@ def icepop_weights(
     return weights, metrics
 
 
-def forking_tokens(entropy: Tensor, mask: Tensor, top: float) -> tuple[Tensor, dict[str, float]]:
-    """The trainable tokens among the ``top`` fraction with the highest entropy ("forking" tokens,
-    Wang et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939).
-
-    Where the policy was sure of a token (a tool call's JSON, a closing tag) a policy-gradient
-    step can only move it away from what it was sure of; on a sparse reward every token of a failed
-    episode gets the failure's sign, so the format it is sure of is pushed down together with the
-    choice that failed. Restricting the actor's loss to the high-entropy minority keeps the
-    gradient on the choices.
-
-    Args:
-        entropy: ``[B, T]`` entropy of the distribution each token was drawn from (old policy).
-        mask: ``[B, T]`` 1 = trainable token.
-        top: fraction of the trainable tokens to keep, in (0, 1].
-
-    Returns:
-        ``(keep [B, T] bool, metrics)``; ties at the threshold are kept. Metrics:
-        ``forking_kept_frac`` (of trainable tokens), ``forking_entropy_threshold``.
-    """
-    check_2d("entropy", entropy)
-    check_same_shape("entropy", entropy, mask=mask)
-    check_finite("entropy", entropy)
-    if not 0.0 < top <= 1.0:
-        raise ValueError(f"top must be in (0, 1] (the fraction of tokens kept); got {top}.")
-    trainable = as_bool_mask(mask)
-    entropy = entropy.detach().float()
-    values = entropy[trainable]
-    if values.numel() == 0:
-        return trainable.clone(), {"forking_kept_frac": 0.0, "forking_entropy_threshold": 0.0}
-    k = max(1, round(top * values.numel()))
-    threshold = torch.topk(values, k).values.min()
-    keep = trainable & (entropy >= threshold)
-    return keep, {
-        "forking_kept_frac": float(keep.sum()) / values.numel(),
-        "forking_entropy_threshold": float(threshold),
-    }
-
-
 POLICY_KINDS = ("ppo", "gspo", "gmpo", "sapo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def tis_weights(
+    train_logp: Tensor, rollout_logp: Tensor, mask: Tensor, high: float = 5.0
+) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL Framework Secretly
+    Brings You Off-Policy RL Training"): every trainable token is kept with weight
+    ``min(k, high)``, ``k = exp(train_logp - rollout_logp)``; the alternative to IcePop's dropping.
+
+    Returns ``(weights [B, T], metrics)``: detached, 0 off the mask; ``tis_mean_weight`` over the
+    trainable tokens (1.0 when there are none).
+    """
+    check_2d("train_logp", train_logp)
+    check_same_shape("train_logp", train_logp, rollout_logp=rollout_logp, mask=mask)
+    check_finite("train_logp", train_logp)
+    check_finite("rollout_logp", rollout_logp)
+    if high < 1:
+        raise ValueError(f"high must be >= 1 (the truncation of the weight); got {high}")
+    trainable = as_bool_mask(mask)
+    k = torch.exp(train_logp.detach().float() - rollout_logp.detach().float())
+    weights = torch.where(trainable, k.clamp(max=high), torch.zeros_like(k))
+    mean = float(weights[trainable].mean()) if trainable.any() else 1.0
+    return weights, {"tis_mean_weight": mean}
 
 
 def aggregate(per_token: Tensor, mask: Tensor, agg: str) -> Tensor:

@@ -31,7 +31,7 @@ from agentrl.env import AgentEnv, Task
 from agentrl.rollout.engine import Engine, EngineError, SamplingParams
 from agentrl.sandbox import SandboxError
 from agentrl.tools import ParsedTurn, ToolCall, get_parser
-from agentrl.trajectory import Trajectory, TurnSpan
+from agentrl.trajectory import NOT_TRAINABLE, Trajectory, TurnSpan
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,7 @@ async def run_episode(
         except Exception as e:
             traj.extra["close_error"] = f"{type(e).__name__}: {e}"
     traj.status = status or "completed"
-    traj.reward = reward if traj.status not in ("env_error", "engine_error", "aborted") else 0.0
+    traj.reward = reward if traj.status not in NOT_TRAINABLE else 0.0
     traj.extra.update(counters)
     traj.extra["wall_s"] = time.monotonic() - start
     return traj.validate()

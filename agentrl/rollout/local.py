@@ -294,3 +294,11 @@ class LocalEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
         self._thread.shutdown(wait=False)
+
+
+def from_config(policy, cfg) -> LocalEngine:
+    """``engine.kind: local``: the embedded engine over its own copy of the policy's weights (synced
+    from the trainer after every update)."""
+    import copy
+
+    return LocalEngine(copy.deepcopy(policy).eval())

@@ -1,37 +1,40 @@
-"""An engine that plays back scripted assistant turns as tokens (a scripted policy behind the real loop).
+"""Scripted assistant turns played as tokens behind the real agent loop.
 
-Used to run a scripted expert through exactly the code path a model takes (render, generate,
-parse, step, observe), and to make its trajectories for supervised warm starts.
+``ScriptedEngine`` answers each turn with a given text, so an expert's episode runs through exactly
+the code path a model takes (render, generate, parse, step, observe, grade); ``play_demonstration``
+plays an environment's ``Demonstration`` that way, for supervised warm starts and ``agentrl envs check``.
 """
 
 from __future__ import annotations
 
+from agentrl.env import AgentEnv, Demonstration, Task
+from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
 from agentrl.rollout.engine import EngineError, Generation, SamplingParams
-
-
-class Untrained(str):
-    """A scripted turn that is played but not imitated: a warm start gives its tokens loss mask 0
-    (e.g. an expert's deliberate wrong edit, there so that the next turn shows how to recover)."""
-
-
-class Miss(str):
-    """A scripted turn that is imitated although it does not solve the task (a noisy expert's plausible
-    wrong fix): a warm start keeps the episode, which fails, and trains on it like any other."""
+from agentrl.tools import RENDERERS
+from agentrl.trajectory import Trajectory
 
 
 class ScriptedEngine:
-    """``add(prompt_ids, turns)`` registers the texts to answer an episode whose prompt is ``prompt_ids``.
+    """Answers turn k of an episode with ``script[k]`` (``ScriptedEngine(tok, script=[...])``, one
+    engine per episode), or, with ``add(prompt_ids, turns)``, the texts registered for the episode's
+    prompt (several episodes through one engine).
 
     The turn being asked for is the number of generation prompts in the input after the first.
     Each answer is ``encode(text) + [end of turn]`` with log-prob 0.0 per token (a deterministic policy).
     """
 
     def __init__(
-        self, tokenizer, *, end_of_turn: str | None = None, generation_prompt: str = "<|im_start|>assistant\n"
+        self,
+        tokenizer,
+        *,
+        script: list[str] | None = None,
+        end_of_turn: str | None = None,
+        generation_prompt: str = "<|im_start|>assistant\n",
     ):
         self.tok = tokenizer
         self.eot_id = tokenizer.convert_tokens_to_ids(end_of_turn or tokenizer.eos_token)
         self.gen_prompt = tokenizer.encode(generation_prompt, add_special_tokens=False)
+        self.script = None if script is None else list(script)
         self._scripts: dict[int, dict[tuple[int, ...], list[str]]] = {}
         self.weight_version = "scripted"
 
@@ -52,13 +55,17 @@ class ScriptedEngine:
                 count += 1
         return count - 1
 
-    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    def _script(self, input_ids: list[int]) -> list[str]:
+        if self.script is not None:
+            return self.script
         for length, scripts in self._scripts.items():
             script = scripts.get(tuple(input_ids[:length]))
             if script is not None:
-                break
-        else:
-            raise EngineError("no script registered for this prompt")
+                return script
+        raise EngineError("no script registered for this prompt")
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+        script = self._script(input_ids)
         turn = self._turn(input_ids)
         text = script[turn] if turn < len(script) else ""
         ids = self.tok.encode(text, add_special_tokens=False) + [self.eot_id]
@@ -72,3 +79,76 @@ class ScriptedEngine:
 
     async def health(self) -> bool:
         return True
+
+    async def close(self) -> None:
+        pass
+
+
+def demonstration_texts(demo: Demonstration, tool_format: str) -> list[str]:
+    """The demonstration's assistant turns as a model would write them in ``tool_format``."""
+    if tool_format not in RENDERERS:
+        raise ValueError(f"tool_format must be one of {sorted(RENDERERS)}; got {tool_format!r}")
+    render = RENDERERS[tool_format]
+    texts = []
+    for turn in demo.turns:
+        calls = render(turn.calls) if turn.calls else ""
+        texts.append("\n".join(t for t in (turn.content, calls) if t))
+    return texts
+
+
+async def play_demonstration(
+    env: AgentEnv,
+    tokenizer,
+    task: Task,
+    demo: Demonstration,
+    loop: LoopConfig,
+    *,
+    renderer: _Renderer | None = None,
+) -> Trajectory:
+    """One episode of ``task`` in which the assistant's turns are ``demo``'s, through the real loop.
+    A turn marked ``trainable=False`` keeps loss mask 0 (played, not imitated); ``extra`` records the
+    reward the demonstration meant to earn (``demo_reward``)."""
+    engine = ScriptedEngine(tokenizer, script=demonstration_texts(demo, loop.tool_format))
+    trajectory = await run_episode(env, engine, tokenizer, task, loop, renderer=renderer)
+    played = [s for s in trajectory.turns if s.role == "assistant"]
+    for turn, span in zip(demo.turns, played, strict=False):
+        if not turn.trainable:
+            n = span.end - span.start
+            trajectory.loss_mask[span.start : span.end] = [0] * n
+            trajectory.rollout_logprobs[span.start : span.end] = [0.0] * n
+    trajectory.extra["demo_reward"] = demo.reward
+    return trajectory
+
+
+async def check_demonstration(make_env, task: Task, tokenizer, loop: LoopConfig) -> list[str]:
+    """``agentrl envs check``'s episode checks, through the real loop: the environment's demonstration
+    of ``task`` (when it has ``demonstration``) earns the reward it means to, and an episode whose
+    assistant does nothing earns no success (a grader that passes untouched work teaches nothing).
+    Returns what passed; ``EnvCheckError`` names what did not."""
+    from agentrl.env import EnvCheckError
+    from agentrl.trajectory import succeeded
+
+    passed = []
+    env = make_env()
+    demo = env.demonstration(task) if callable(getattr(env, "demonstration", None)) else None
+    if demo is not None:
+        played = await play_demonstration(env, tokenizer, task, demo, loop)
+        if played.status != "completed" or played.reward != demo.reward:
+            raise EnvCheckError(
+                f"the demonstration of task {task.id} ended {played.status} with reward {played.reward}, "
+                f"but means to earn {demo.reward} ({played.extra.get('error', 'no error recorded')}); "
+                "fix demonstration() or the grading"
+            )
+        passed.append(f"the demonstration earns its reward ({demo.reward:g}) through the agent loop")
+    else:
+        await env.close()
+    idle = await run_episode(make_env(), ScriptedEngine(tokenizer, script=[""]), tokenizer, task, loop)
+    if succeeded(idle.reward):
+        raise EnvCheckError(
+            f"an episode of task {task.id} in which the agent did nothing earned reward {idle.reward}: "
+            "the grading passes untouched work; check that the task starts broken"
+        )
+    passed.append(
+        f"an agent that does nothing does not succeed (status {idle.status}, reward {idle.reward:g})"
+    )
+    return passed

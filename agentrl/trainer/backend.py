@@ -39,8 +39,6 @@ class Batch:
     returns: Tensor | None = None
     token_weights: Tensor | None = None
     """[B, T] IcePop / TIS weights."""
-    old_entropy: Tensor | None = None
-    """[B, T] entropy of the old policy's distribution at each token (only with ``algo.entropy_top``)."""
 
     @classmethod
     def from_trajectories(cls, trajectories: list[Trajectory], group_ids: list[int] | None = None) -> Batch:
@@ -89,7 +87,6 @@ class LossConfig:
 
 class TrainBackend(Protocol):
     def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor: ...
-    def logprobs_and_entropies(self, batch: Batch, temperature: float = 1.0) -> tuple[Tensor, Tensor]: ...
     def values(self, batch: Batch) -> Tensor: ...
     def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]: ...
     def train_critic(

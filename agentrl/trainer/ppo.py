@@ -16,27 +16,20 @@ import time
 
 from agentrl.config import TrainConfig
 from agentrl.trainer.backend import Batch
-from agentrl.trainer.setup import (
-    Run,
-    actor_rows,
-    advantages,
-    evaluate,
-    finish,
-    loss_config,
-    rollout_metrics,
-    rollout_seed,
-    setup,
-    token_weights,
-    warm_start,
-)
-
-DROPPED = ("env_error", "engine_error", "aborted")  # not the policy's doing: not trained on
+from agentrl.trainer.build import Run, loss_config, rollout_seed, setup
+from agentrl.trainer.evaluation import evaluate
+from agentrl.trainer.phases import advantages, rollout_metrics, token_weights
+from agentrl.trainer.report import finish
+from agentrl.trainer.warm_start import warm_start
+from agentrl.trajectory import NOT_TRAINABLE
 
 
 async def train(cfg: TrainConfig, log=print) -> dict:
     run: Run = await setup(cfg, log)
     if run.start == 0:
-        await warm_start(run)  # supervised, on scripted-expert episodes (sft.episodes > 0)
+        await warm_start(
+            run
+        )  # supervised, on demonstrations (sft.episodes) and stored successes (sft.from_store)
         run.state["eval_before"] = await evaluate(run)
     for it in range(run.start, cfg.run.iterations):
         t0 = time.monotonic()
@@ -44,28 +37,22 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         tasks, group_ids = run.next_tasks()
         run.pool.config.seed = rollout_seed(cfg, it)  # fresh samples every iteration, reproducibly
         trajectories = await run.pool.run(tasks)
-        kept = [i for i, t in enumerate(trajectories) if t.status not in DROPPED]
+        kept = [i for i, t in enumerate(trajectories) if t.status not in NOT_TRAINABLE]
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
         t1 = time.monotonic()
         # 2. recompute old log-probs (training engine) and values (critic)
-        if cfg.algo.entropy_top is None:
-            batch.old_logprobs = run.backend.logprobs(batch, cfg.rollout.temperature)
-        else:  # forking tokens: the actor trains on the unsure ones
-            batch.old_logprobs, batch.old_entropy = run.backend.logprobs_and_entropies(
-                batch, cfg.rollout.temperature
-            )
+        batch.old_logprobs = run.backend.logprobs(batch, cfg.rollout.temperature)
         batch.old_values = run.backend.values(batch)
         if cfg.algo.kl_coef > 0:
             batch.ref_logprobs = run.backend.ref_logprobs(batch, cfg.rollout.temperature)
-        # 3. IcePop (or TIS) token weights from recomputed vs rollout log-probs (x forking tokens)
+        # 3. IcePop (or TIS) token weights from recomputed vs rollout log-probs
         batch.token_weights, filter_metrics = token_weights(batch, cfg.algo)
         # 4. advantages: GAE over trainable tokens, or a group baseline
         batch.advantages, batch.returns, adv_metrics = advantages(batch, cfg.algo)
         # 5. critic, then actor (after the critic-only warm-up)
         train_metrics = run.backend.train_critic(batch, loss_config(cfg))
-        if it >= cfg.algo.critic_warmup:  # optionally without the episodes a budget cut off
-            actor_batch, mask_metrics = actor_rows(batch, [trajectories[i].status for i in kept], cfg.algo)
-            train_metrics |= run.backend.train_actor(actor_batch, loss_config(cfg)) | mask_metrics
+        if it >= cfg.algo.critic_warmup:
+            train_metrics |= run.backend.train_actor(batch, loss_config(cfg))
         # 6. weight sync to the inference engine
         await run.engine.update_weights(run.backend.engine_state_dict())
         # 7. checkpoint, then metrics (a resumed run redoes whatever came after its checkpoint)

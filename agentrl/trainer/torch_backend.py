@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.algo import kl_penalty, policy_loss, token_logprobs, value_loss
-from agentrl.config import ConfigError
 from agentrl.trainer.backend import Batch, LossConfig
 
 
@@ -120,27 +119,6 @@ def _packed_inputs(
     return kwargs, spans
 
 
-def _frozen_names(policy: nn.Module, fragments) -> set[str]:
-    """Names of the policy's parameters that contain one of ``fragments`` (the actor leaves them as
-    they are); a fragment that names none of them, or fragments that name all, stop with a message."""
-    names = [n for n, _ in policy.named_parameters()]
-    frozen: set[str] = set()
-    for fragment in fragments:
-        hits = {n for n in names if fragment in n}
-        if not hits:
-            modules = sorted({n.rsplit(".", 1)[0] for n in names if ".layers." not in n})
-            raise ConfigError(
-                f"optim.actor_frozen: {fragment!r} is in no parameter's name; names look like "
-                f"{names[0]!r}, and the modules outside the layers are {modules}"
-            )
-        frozen |= hits
-    if frozen and len(frozen) == len(names):
-        raise ConfigError(
-            f"optim.actor_frozen {list(fragments)} freezes every parameter; the actor would not train"
-        )
-    return frozen
-
-
 class TorchBackend:
     def __init__(
         self,
@@ -164,8 +142,6 @@ class TorchBackend:
         critic: bool = True,
         packing: str = "padded",
         seed: int = 0,
-        actor_frozen: tuple[str, ...] | list[str] = (),
-        actor_optimizer: str = "adamw",
     ):
         self.policy = policy.train()
         self.device = next(policy.parameters()).device
@@ -180,15 +156,9 @@ class TorchBackend:
         self._group = pack if packing == "packed" else bucket
         self.autocast = dtype == "bfloat16"
         self.generator = torch.Generator().manual_seed(seed)
-        frozen = _frozen_names(policy, actor_frozen)
-        self.actor_frozen = [p for n, p in policy.named_parameters() if n in frozen]
-        trained = [p for n, p in policy.named_parameters() if n not in frozen]
-        if actor_optimizer == "adamw":
-            self.actor_opt = torch.optim.AdamW(trained, lr=actor_lr, weight_decay=weight_decay, eps=adam_eps)
-        elif actor_optimizer == "sgd":
-            self.actor_opt = torch.optim.SGD(trained, lr=actor_lr, weight_decay=weight_decay)
-        else:
-            raise ValueError(f"actor_optimizer must be 'adamw' or 'sgd'; got {actor_optimizer!r}")
+        self.actor_opt = torch.optim.AdamW(
+            policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
+        )
         self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
         # the critic takes critic_epochs / epochs as many steps: its schedule spans them all
         critic_total = max(1, total_steps * self.critic_epochs // epochs)
@@ -294,16 +264,6 @@ class TorchBackend:
             )
         return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
 
-    def logprobs_and_entropies(self, batch: Batch, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-        """``logprobs`` and the [B, T] entropy of the distribution at each token, from one pass."""
-        entropy = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-
-        def fn(rows: list[int]) -> Tensor:
-            logp, entropy[rows] = self._row_logprobs(self.policy, batch, rows, temperature, entropy=True)
-            return logp
-
-        return self._all(fn, batch), entropy
-
     def values(self, batch: Batch) -> Tensor:
         return self._all(lambda rows: self._row_values(batch, rows), batch)
 
@@ -335,8 +295,6 @@ class TorchBackend:
                     (loss * share).backward()
                     for k, v in m.items():
                         metrics[k] = metrics.get(k, 0.0) + v * share
-                # the optimizer's own weights: one it never steps (frozen for the actor) may still
-                # hold the warm start's last gradient, which is not this update's
                 params = [p for group in opt.param_groups for p in group["params"]]
                 metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
                 opt.step()
@@ -378,22 +336,16 @@ class TorchBackend:
             return value, metrics
 
         agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
-        for p in self.actor_frozen:  # no gradient is computed for them, so none is clipped or kept
-            p.requires_grad_(False)
-        try:
-            history = self._step(
-                self.policy,
-                self.actor_opt,
-                self.actor_sched,
-                batch,
-                loss_fn,
-                self._share(batch, agg),
-                self.epochs,
-                self.minibatches,
-            )
-        finally:
-            for p in self.actor_frozen:
-                p.requires_grad_(True)
+        history = self._step(
+            self.policy,
+            self.actor_opt,
+            self.actor_sched,
+            batch,
+            loss_fn,
+            self._share(batch, agg),
+            self.epochs,
+            self.minibatches,
+        )
         return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
 
     def train_critic(
@@ -487,3 +439,31 @@ class TorchBackend:
 def _mean(history: list[dict[str, float]], prefix: str = "") -> dict[str, float]:
     keys = {k for h in history for k in h}
     return {prefix + k: sum(h.get(k, 0.0) for h in history) / max(1, len(history)) for k in sorted(keys)}
+
+
+def from_config(policy: nn.Module, cfg) -> TorchBackend:
+    """``trainer.backend: torch``: the backend built from a ``TrainConfig``'s ``optim`` section (the
+    schedule spans the run's iterations), ``model.dtype`` and ``algo.kl_coef`` (a reference model)."""
+    from agentrl.device import resolve_dtype
+
+    o = cfg.optim
+    return TorchBackend(
+        policy,
+        actor_lr=o.actor_lr,
+        critic_lr=o.critic_lr,
+        weight_decay=o.weight_decay,
+        adam_eps=o.adam_eps,
+        warmup_steps=o.warmup_steps,
+        schedule=o.schedule,
+        total_steps=cfg.run.iterations * o.epochs * o.minibatches,
+        grad_clip=o.grad_clip,
+        epochs=o.epochs,
+        critic_epochs=o.critic_epochs,
+        minibatches=o.minibatches,
+        micro_token_budget=o.micro_token_budget,
+        packing=o.packing,
+        logprob_chunk=o.logprob_chunk,
+        dtype=resolve_dtype(cfg.model.dtype, next(policy.parameters()).device),
+        reference=cfg.algo.kl_coef > 0,
+        seed=cfg.run.seed,
+    )

@@ -15,7 +15,9 @@ Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one,
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
 (``end`` the episode, or ``remind`` the agent to use a tool), ``grader`` (``pytest`` runs the suite
 with pytest; ``python`` calls every ``test_*`` function of ``tests/`` in one plain Python process,
-the same verdict for these generated suites at about a fifth of the start-up cost).
+the same verdict for these generated suites at about a fifth of the start-up cost),
+``expert_run_tests`` / ``expert_miss`` (the scripted expert's ``demonstration``: whether it runs the
+tests, and the share of tasks on which its fix has a one-token slip that fails).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import json
 import os
-import random
 import re
 import secrets
 import shlex
@@ -32,10 +34,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agentrl.env import Observation, StepResult, Task
+from agentrl.env import Demonstration, DemoTurn, Observation, StepResult, Task, TaskList
 from agentrl.envs.bugfix.generator import (
     SPLITS,
-    TEMPLATES,
     BugfixTask,
     check_layout,
     describe,
@@ -43,9 +44,10 @@ from agentrl.envs.bugfix.generator import (
     generate,
 )
 from agentrl.patches import filter_patch
-from agentrl.rollout.scripted import Miss, Untrained
-from agentrl.sandbox import SandboxError, make_sandbox
-from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
+from agentrl.sandbox import SandboxError, make_sandbox, resolve_kind
+from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, render_hermes, validate_call
+
+SPLIT_SIZES = {"train": 100_000, "test": 10_000}  # tasks per split (generated on demand)
 
 SYSTEM_PROMPT = (
     "You are a careful software engineer. You work in a repository through tools: run shell commands "
@@ -88,19 +90,6 @@ print(f"{sys.argv[1]} {passed} passed {failed} failed")
 """
 
 
-@functools.cache
-def docker_ready() -> bool:
-    """Whether a Docker daemon answers and has the base image (checked once per process)."""
-    try:
-        import docker
-
-        from agentrl.sandboxes.images import BASE_IMAGE, image_present
-
-        return image_present(docker.from_env(timeout=5), BASE_IMAGE)
-    except Exception:
-        return False
-
-
 class BugfixEnv:
     """An ``AgentEnv``; one sandbox per episode, made at ``reset``."""
 
@@ -124,6 +113,8 @@ class BugfixEnv:
         templates: list[str] | None = None,
         single_bug: bool = False,
         grader: str = "pytest",
+        expert_run_tests: bool = True,
+        expert_miss: float = 0.0,
     ):
         if grader not in ("pytest", "python"):
             raise ValueError(f"grader must be 'pytest' or 'python'; got {grader!r}")
@@ -133,7 +124,12 @@ class BugfixEnv:
             raise ValueError(f"sandbox must be 'auto', 'docker' or 'local'; got {sandbox!r}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1; got {max_turns}")
-        self.backend = ("docker" if docker_ready() else "local") if sandbox == "auto" else sandbox
+        if not 0.0 <= expert_miss <= 1.0:
+            raise ValueError(
+                f"expert_miss is the share of tasks with a slipped fix, in [0, 1]; got {expert_miss!r}"
+            )
+        self.expert_run_tests, self.expert_miss = bool(expert_run_tests), float(expert_miss)
+        self.backend = resolve_kind(sandbox)
         self.sandbox_config = dict(sandbox_config or {})
         self.n_modules, self.n_distractors, self.seed = n_modules, n_distractors, seed
         packages, modules, templates = check_layout(
@@ -168,10 +164,49 @@ class BugfixEnv:
         spec = self._generate(split, index)
         return Task(spec.id, {"split": split, "index": index})
 
-    def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
+    def tasks(self, split: str) -> TaskList:
+        """The split's generated tasks (``SPLIT_SIZES``), each made when it is asked for."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
-        return [self.task(split, i) for i in range(start, start + n)]
+        return TaskList(SPLIT_SIZES[split], functools.partial(self.task, split))
+
+    def demonstration(self, task: Task) -> Demonstration:
+        """The scripted expert's episode (``expert_turns`` with ``expert_run_tests`` and
+        ``expert_miss``): reward 1, or 0 when its fix has a slip (imitated all the same)."""
+        spec = self.task_spec(task)
+        turns = expert_turns(spec, self.expert_run_tests, self.expert_miss)
+        slipped = any(
+            c.arguments.get("new_str", spec.fix["new"]) != spec.fix["new"] for t in turns for c in t
+        )
+        return Demonstration([DemoTurn(calls) for calls in turns], reward=0.0 if slipped else 1.0)
+
+    def corpus(self) -> list[str]:
+        """Text for a tokenizer trained for this environment: the tool specs, the files, prompts and
+        fixes of 40 generated tasks, and the test runner's summary lines."""
+        texts = [json.dumps(t) for t in CODING_TOOLS]
+        for i in range(40):
+            task = generate("train", i)
+            fix = task.fix
+            texts += list(task.files.values()) + [describe(task, True)]
+            texts.append(
+                render_hermes(
+                    [
+                        ToolCall("bash", {"command": "python3 -m pytest -q"}),
+                        ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}),
+                        ToolCall(
+                            "str_replace_editor",
+                            {
+                                "command": "str_replace",
+                                "path": fix["path"],
+                                "old_str": fix["old"],
+                                "new_str": fix["new"],
+                            },
+                        ),
+                    ]
+                )
+            )
+        texts += ["passed in 0.03s\n[exit code 0]\n", "failed, 14 passed\n\n[exit code 1]\n", "\n\n\n\n"] * 3
+        return texts
 
     def task_spec(self, task: Task) -> BugfixTask:
         try:
@@ -402,29 +437,9 @@ def _compact(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@functools.cache
-def _snippet_pairs() -> tuple[tuple[str, str], ...]:
-    """(buggy, correct) snippets of every template's bugs, drawn once with fixed constants."""
-    rng = random.Random("bugfix/decoys")
-    return tuple((buggy, correct) for t in TEMPLATES for correct, buggy in t(rng).bugs.values())
-
-
 def _hash32(key: str) -> int:
     """A 32-bit number drawn from ``key`` (a task's id): the same task always makes the same choices."""
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
-
-
-def decoy_edit(spec: BugfixTask) -> tuple[str, str]:
-    """A wrong fix for ``spec``: an ``(old, new)`` edit whose ``old`` is not in the buggy file.
-
-    Preferably the fix of the function's other bug kind (its correct snippet is in the file, its buggy
-    one is not), else another template's fix: the two mistakes a policy that has not read the body
-    makes. Chosen by the task's id, so the same task always gets the same decoy."""
-    source = spec.files[spec.fix["path"]]
-    absent = [(b, c) for b, c in _snippet_pairs() if b not in source and b != spec.fix["old"]]
-    same = [(b, c) for b, c in absent if c in source]
-    pool = same or absent
-    return pool[_hash32(spec.id) % len(pool)]
 
 
 def _drawn(spec: BugfixTask, what: str, share: float) -> bool:
@@ -459,23 +474,15 @@ def near_miss_edit(spec: BugfixTask) -> tuple[str, str] | None:
     return _NEAR_MISSES[key]
 
 
-def expert_turns(
-    spec: BugfixTask, run_tests: bool = True, recover: float = 0.0, miss: float = 0.0
-) -> list[list[ToolCall]]:
+def expert_turns(spec: BugfixTask, run_tests: bool = True, miss: float = 0.0) -> list[list[ToolCall]]:
     """The scripted expert: run the tests, view the buggy file, fix it, run the tests, submit.
 
     ``run_tests=False``: view, fix, submit (the prompt names the failing tests; each test run costs
     a pytest start-up in the sandbox, the bulk of an episode's time on a small machine).
-    ``recover``: the share of tasks (chosen by id) on which the expert first tries a wrong fix
-    (``decoy_edit``), reads the editor's error, then makes the right one.
     ``miss``: the share of tasks (chosen by id) on which the expert's fix has a slip
     (``near_miss_edit``): it applies, the tests still fail, and the expert submits anyway — a noisy
     demonstrator, like a weaker model's unfiltered episodes.
     """
-    if not 0.0 <= recover <= 1.0:
-        raise ValueError(
-            f"recover is the share of tasks with a failed first edit, in [0, 1]; got {recover!r}"
-        )
     if not 0.0 <= miss <= 1.0:
         raise ValueError(f"miss is the share of tasks with a slipped fix, in [0, 1]; got {miss!r}")
     fix = spec.fix
@@ -486,35 +493,7 @@ def expert_turns(
 
     tests = [ToolCall("bash", {"command": "python3 -m pytest -q --tb=no | tail -n 2"}, id="call_0")]
     view = [ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}, id="call_0")]
-    wrong = [edit(*decoy_edit(spec))] if _drawn(spec, "recover", recover) else []
     slip = near_miss_edit(spec) if _drawn(spec, "miss", miss) else None
     right = slip or (fix["old"], fix["new"])
-    turns = [tests, view, *wrong, edit(*right), tests, [ToolCall("submit", {}, id="call_0")]]
+    turns = [tests, view, edit(*right), tests, [ToolCall("submit", {}, id="call_0")]]
     return turns if run_tests else [t for t in turns if t is not tests]
-
-
-def expert_texts(
-    spec: BugfixTask,
-    tool_format: str = "hermes",
-    run_tests: bool = True,
-    recover: float = 0.0,
-    miss: float = 0.0,
-) -> list[str]:
-    """The scripted expert's turns as a model would write them in ``tool_format``.
-
-    A wrong first edit (``recover``) comes as ``Untrained``, for a warm start to play but not imitate;
-    on a third of those tasks (by id) it is also cut off halfway, so the error the expert recovers
-    from is the parser's (a call never closed) rather than the editor's. The slipped fix (``miss``)
-    comes as ``Miss``: imitated, in an episode that fails."""
-    from agentrl.tools import RENDERERS
-
-    broken = _hash32(f"broken/{spec.id}") % 3 == 0
-    texts = []
-    for calls in expert_turns(spec, run_tests, recover, miss):
-        text = RENDERERS[tool_format](calls)
-        if calls[0].arguments.get("old_str", spec.fix["old"]) != spec.fix["old"]:  # the wrong edit
-            text = Untrained(text[: len(text) // 2] if broken else text)
-        elif calls[0].arguments.get("new_str", spec.fix["new"]) != spec.fix["new"]:  # the slipped fix
-            text = Miss(text)
-        texts.append(text)
-    return texts

@@ -10,6 +10,9 @@ from agentrl.tools import CODING_TOOLS
 class EchoEnv:
     """Answers every step with one tool message; ends after ``episode_len`` steps or on submit."""
 
+    def tasks(self, split: str) -> list[Task]:
+        return [Task(f"{split}-{i}", {}) for i in range(8)]
+
     def __init__(
         self, episode_len=3, obs_text="ok", step_delay=0.0, fail_at=None, reward=1.0, reset_failures=0
     ):

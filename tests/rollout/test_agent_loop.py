@@ -3,12 +3,11 @@ import asyncio
 import pytest
 
 from agentrl.env import Task, make
-from agentrl.envs.bugfix import expert_texts
 from agentrl.models import tiny_chat_model
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
 from agentrl.rollout.engine import EngineError
 from agentrl.rollout.local import LocalEngine
-from agentrl.rollout.scripted import ScriptedEngine
+from agentrl.rollout.scripted import ScriptedEngine, demonstration_texts
 from agentrl.tools import PARSERS
 from tests.rollout.fakes import EchoEnv, FixedEngine, RecordingEngine
 
@@ -172,11 +171,11 @@ def test_scripted_expert_as_an_engine_solves_bugfix(tiny, backend):
             env = factory()
             obs = env.observation(task)
             prompt = _Renderer(tok, None).prompt(obs.messages, obs.tools)
-            engine.add(prompt, expert_texts(env.task_spec(task)))
+            engine.add(prompt, demonstration_texts(env.demonstration(task), "hermes"))
             traj = await run_episode(factory(), engine, tok, task, LoopConfig(max_context=16384))
             assert traj.status == "completed" and traj.reward == 1.0, (task.id, traj.extra)
             assert traj.extra["tool_call_errors"] == 0 and len(traj.finish_reasons) == 5
-        engine.add(prompt, expert_texts(env.task_spec(task)))  # the same script again is fine
+        engine.add(prompt, demonstration_texts(env.demonstration(task), "hermes"))  # the same again is fine
         with pytest.raises(ValueError, match="one ScriptedEngine per episode"):
             engine.add(prompt, ["<tool_call>something else</tool_call>"])
 

@@ -78,7 +78,7 @@ def test_64_concurrent_episodes_with_faults(backend, tmp_path):
 
     model, tok = tiny_chat_model()
     probe = make("bugfix-v0", sandbox=backend, max_turns=2)
-    tasks = probe.tasks("train", 64)
+    tasks = probe.tasks("train")[:64]
     specs = {t.id: probe.task_spec(t) for t in tasks}
     poisoned = {describe(specs[tasks[i].id], True) for i in ENGINE_FAULTS}
     engine = FaultyEngine(LocalEngine(model), tok, poisoned)

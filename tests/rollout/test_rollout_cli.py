@@ -10,10 +10,11 @@ def test_rollout_writes_a_store_datasets_can_load(tmp_path, capsys):
         [
             "rollout",
             "recipes/rollout_bugfix_tiny.yaml",
-            f"store={store}",
-            "num_tasks=3",
-            "n_samples=2",
-            "loop.max_turns=2",
+            f"collect.store={store}",
+            "collect.tasks=3",
+            "rollout.n_samples=2",
+            "rollout.max_turns=2",
+            "sandbox.kind=local",
         ]
     )
     assert code == 0
@@ -30,9 +31,11 @@ def test_rollout_writes_a_store_datasets_can_load(tmp_path, capsys):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("loop.max_turn=3", "the loop section has no setting 'max_turn'. Did you mean 'max_turns'"),
-        ("concurency=3", "has no setting 'concurency'. Did you mean 'concurrency'"),
-        ("num_tasks=0", "num_tasks must be a positive integer; got 0"),
+        ("rollout.max_turn=3", "unknown key 'rollout.max_turn'. Did you mean 'rollout.max_turns'?"),
+        ("collect.task=3", "unknown key 'collect.task'. Did you mean 'collect.tasks'?"),
+        ("collect.tasks=0", "'collect.tasks': Input should be greater than or equal to 1"),
+        ("collect.first_task=99999", "collect.first_task=99999 + collect.tasks=8 is past the 100000 tasks"),
+        ("collect.split=dev", "collect.split='dev': environment bugfix-v0 has no such split"),
         ("nonsense", "must look like key=value"),
     ],
 )

@@ -19,7 +19,7 @@ from agentrl.env import register
 from agentrl.models import tiny_chat_model
 from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trainer.checkpoint import Checkpoints
-from agentrl.trainer.setup import actor_rows, token_weights
+from agentrl.trainer.phases import token_weights
 from agentrl.trainer.torch_backend import TorchBackend
 from agentrl.trajectory import Trajectory, TurnSpan
 
@@ -137,41 +137,6 @@ def test_masked_and_icepop_dropped_tokens_get_zero_logit_gradient_through_the_ba
     assert (grad[kept] > 0).all()
 
 
-def test_mask_truncated_leaves_cut_off_episodes_out_of_the_actor_update():
-    import copy
-
-    batch = synthetic_batch()
-    statuses = ["completed", "max_turns", "timeout"]
-    algo = load_config(TrainConfig).algo
-    assert actor_rows(batch, statuses, algo) == (batch, {})  # off by default: the batch as it is
-    masked, metrics = actor_rows(batch, statuses, algo.model_copy(update={"mask_truncated": True}))
-    assert metrics == {"actor/masked_truncated_frac": pytest.approx(2 / 3)}
-    assert torch.equal(masked.loss_mask[0], batch.loss_mask[0]) and batch.loss_mask[1:].any()
-    assert not masked.loss_mask[1:].any() and torch.equal(masked.input_ids, batch.input_ids)
-    # The update from the masked batch is the update from the completed row alone: the cut-off rows
-    # add no gradient and do not dilute the token mean.
-    model, _ = tiny_chat_model(seed=6)
-    a = TorchBackend(copy.deepcopy(model), actor_lr=1e-3, critic=False)
-    b = TorchBackend(copy.deepcopy(model), actor_lr=1e-3, critic=False)
-    masked.old_logprobs = a.logprobs(masked)
-    masked.advantages = torch.where(masked.loss_mask, torch.randn(masked.input_ids.shape), torch.zeros(()))
-    forwarded = []
-    row_logprobs = a._row_logprobs
-
-    def spy(model, batch, rows, *args, **kwargs):
-        forwarded.extend(rows)
-        return row_logprobs(model, batch, rows, *args, **kwargs)
-
-    a._row_logprobs = spy
-    a.train_actor(masked, LossConfig())
-    assert set(forwarded) == {0}  # the masked rows are not run through the model at all
-    b.train_actor(masked.rows([0]), LossConfig())
-    moved = [not torch.equal(p, q) for p, q in zip(model.parameters(), a.policy.parameters(), strict=True)]
-    assert any(moved)
-    for p, q in zip(a.policy.parameters(), b.policy.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
-
-
 def test_padding_changes_no_real_token_log_prob_or_value():
     """Rows of different lengths padded into one micro-batch (no padding mask: right padding under
     causal attention) give each real token the log-prob and value it gets alone, and packed rows
@@ -190,13 +155,6 @@ def test_padding_changes_no_real_token_log_prob_or_value():
             got, want = getattr(backend, fn)(batch), getattr(alone, fn)(batch)
             for r, n in enumerate(batch.lengths.tolist()):
                 torch.testing.assert_close(got[r, :n], want[r, :n], atol=1e-5, rtol=1e-5)
-    # log-probs with entropies (one pass): the same log-probs, and each token's entropy as it gets alone
-    logp, entropy = together["padded"].logprobs_and_entropies(batch, 0.5)
-    torch.testing.assert_close(logp, together["padded"].logprobs(batch, 0.5))
-    for r, n in enumerate(batch.lengths.tolist()):
-        _, want = alone._row_logprobs(model, batch, [r], 0.5, entropy=True)
-        torch.testing.assert_close(entropy[r, :n], want[0, :n], atol=1e-5, rtol=1e-5)
-        assert (entropy[r, 1:n] > 0).all() and (entropy[r, n:] == 0).all()
 
 
 def test_reset_critic_starts_the_value_model_from_the_current_policy():
@@ -234,67 +192,8 @@ def test_reset_reference_anchors_the_kl_to_the_current_policy():
     TorchBackend(model, critic=False).reset_reference()  # no reference: nothing to do
 
 
-def test_actor_frozen_leaves_the_named_weights_as_they_are_and_the_rest_trains():
-    import copy
-
-    from agentrl.config import ConfigError
-
-    model, _ = tiny_chat_model(seed=8)
-    before = copy.deepcopy(model.state_dict())
-    backend = TorchBackend(model, actor_lr=1e-2, actor_frozen=["embed_tokens", "layers.0."])
-    batch = synthetic_batch()
-    batch.old_logprobs = backend.logprobs(batch)
-    batch.advantages = torch.where(batch.loss_mask, torch.randn(batch.input_ids.shape), torch.zeros(()))
-    metrics = backend.train_actor(batch, LossConfig())
-    assert metrics["actor/grad_norm"] > 0
-    # the tied head (a state-dict entry, not a parameter of its own) is the embedding: frozen with it
-    frozen = {n for n in before if "embed_tokens" in n or "layers.0." in n} | {"lm_head.weight"}
-    for name, value in model.state_dict().items():
-        assert torch.equal(value, before[name]) == (name in frozen), name
-    assert all(p.requires_grad for p in model.parameters())  # the warm start and critic still train them
-    with pytest.raises(ConfigError, match="'embedding' is in no parameter's name"):
-        TorchBackend(model, critic=False, actor_frozen=["embedding"])
-    with pytest.raises(ConfigError, match="freezes every parameter"):
-        TorchBackend(model, critic=False, actor_frozen=["model."])
-
-
 def steps_taken(opt) -> int:
     return max(int(s["step"]) for s in opt.state.values())
-
-
-def test_sgd_actor_moves_each_weight_by_the_learning_rate_times_its_gradient():
-    import copy
-
-    model, _ = tiny_chat_model(seed=9)
-    before = copy.deepcopy(dict(model.named_parameters()))
-    backend = TorchBackend(model, actor_lr=0.5, actor_optimizer="sgd", critic=False)
-    assert isinstance(backend.actor_opt, torch.optim.SGD)
-    grads = {}
-    names = {id(p): n for n, p in model.named_parameters()}
-    # the gradient the step uses: after clipping, as the optimizer sees it
-    backend.actor_opt.register_step_pre_hook(
-        lambda opt, *_: grads.update(
-            {
-                names[id(p)]: p.grad.clone()
-                for g in opt.param_groups
-                for p in g["params"]
-                if p.grad is not None
-            }
-        )
-    )
-    batch = synthetic_batch()
-    batch.old_logprobs = backend.logprobs(batch)
-    batch.advantages = torch.where(batch.loss_mask, torch.randn(batch.input_ids.shape), torch.zeros(()))
-    backend.train_actor(batch, LossConfig())
-    moved = 0
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(
-            p.detach() - before[name].detach(), -0.5 * grads[name], atol=1e-6, rtol=1e-4
-        )
-        moved += int((grads[name] != 0).any())
-    assert moved > 0
-    with pytest.raises(ValueError, match="actor_optimizer must be 'adamw' or 'sgd'; got 'adam'"):
-        TorchBackend(model, actor_optimizer="adam", critic=False)
 
 
 def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
@@ -319,54 +218,7 @@ def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
     assert backend.critic_sched.get_last_lr()[0] == pytest.approx(5e-4)  # default: the actor's epochs
 
 
-def test_pretrained_critic_fits_the_expert_episodes_returns_where_a_zero_head_explains_none():
-    """sft.critic_epochs: the value model regresses on the warm start's episodes, whose return turns on
-    one token (the right fix or the slip), before RL; a bad combination stops with a message."""
-    from types import SimpleNamespace
-
-    from agentrl.config import ConfigError
-    from agentrl.trainer.setup import pretrain_critic
-
-    g = torch.Generator().manual_seed(0)
-    trajectories = []
-    for i in range(16):
-        ids = torch.randint(3, 700, (20,), generator=g).tolist()
-        ids[12] = 41 + i % 2  # the "fix": token 42 solves the task, token 41 is the slip
-        mask = [0] * 4 + [1] * 16
-        turns = [TurnSpan(0, 4, "prompt"), TurnSpan(4, 20, "assistant")]
-        trajectories.append(Trajectory(ids, mask, [0.0] * 20, turns, reward=float(i % 2)))
-    batch = Batch.from_trajectories(trajectories)
-    model, _ = tiny_chat_model(seed=6)
-    cfg = load_config(
-        TrainConfig,
-        None,
-        ["sft.episodes=16", "sft.critic_epochs=10", "sft.batch_size=4", "metrics.progress=false"],
-    )
-    backend = TorchBackend(model, critic_lr=3e-3, minibatches=2)
-    result = pretrain_critic(SimpleNamespace(cfg=cfg, backend=backend), batch)
-    assert result["critic_ev_first"] == pytest.approx(0.0, abs=1e-6)  # a zero head: every value 0
-    assert result["critic_ev_last"] > 0.5, result
-    assert steps_taken(backend.critic_opt) == 10 * 4 and backend.minibatches == 2  # 16 episodes / 4 a step
-    values = backend.values(batch)
-    after = values[:, 13:].mean(1)  # past the fix the critic knows the outcome
-    assert float(after[1::2].mean() - after[0::2].mean()) > 0.5
-    for bad, message in (
-        (
-            ["sft.critic_epochs=2"],
-            "sft.critic_epochs=2 trains the critic on the warm start's expert episodes",
-        ),
-        (
-            ["sft.episodes=8", "sft.critic_epochs=2", "algo.estimator=grpo"],
-            "estimator grpo does not use; set algo.estimator=gae or sft.critic_epochs=0",
-        ),
-    ):
-        with pytest.raises(ConfigError, match=message):
-            load_config(TrainConfig, None, bad)
-
-
 def test_recipes_all_validate():
-    from agentrl.rollout.run import load_config as load_rollout
-
     recipes = sorted((ROOT / "recipes").glob("*.yaml"))
     assert recipes
     for path in recipes:
@@ -377,14 +229,13 @@ def test_recipes_all_validate():
         assert header.startswith("#"), (
             f"{path.name} needs a header saying what it trains and how to launch it"
         )
-        if "run" in data:
-            load_config(TrainConfig, str(path))
-        else:
-            load_rollout(str(path), [])
+        assert isinstance(data, dict)
+        load_config(TrainConfig, str(path))  # every recipe, for train and for rollout, is a TrainConfig
 
 
 # The quickstart recipe cut down to seconds (the full run's figures are in the README).
 SMALL_QUICKSTART = [
+    "sandbox.kind=local",
     "sft.episodes=4",
     "sft.epochs=1",
     "env.eval_tasks=2",
@@ -430,15 +281,16 @@ def test_quickstart_two_iteration_smoke(tmp_path):
     assert 0.0 <= summary["eval_before"] <= 1.0 and 0.0 <= summary["eval_after"] <= 1.0
     assert Checkpoints(run).latest().name == "iter-000002"
     # The warm-started weights are kept; a run can start from them (model.init) without a warm start.
-    from agentrl.trainer.setup import _load_policy
+    from agentrl.rollout.from_config import env_factory, load_policy
 
     cfg = load_config(
         TrainConfig, str(ROOT / "recipes/quickstart.yaml"), [f"model.init={run / 'warm_start.pt'}"]
     )
     warm = torch.load(run / "warm_start.pt", weights_only=True)
-    loaded = _load_policy(cfg)[0].state_dict()
+    loaded = load_policy(cfg, env_factory(cfg)())[0].state_dict()
     assert warm.keys() == loaded.keys() and all(torch.equal(warm[k], loaded[k]) for k in warm)
-    fresh = _load_policy(load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml")))[0].state_dict()
+    plain = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"))
+    fresh = load_policy(plain, env_factory(plain)())[0].state_dict()
     assert not all(torch.equal(warm[k], fresh[k]) for k in warm)  # the warm start changed the weights
     code = main(
         [
@@ -449,62 +301,80 @@ def test_quickstart_two_iteration_smoke(tmp_path):
             "run.iterations=1",
             f"model.init={run / 'warm_start.pt'}",
             "sft.episodes=0",
+            "sandbox.kind=local",
             "env.eval_tasks=2",
             "rollout.tasks_per_iteration=1",
             "rollout.n_samples=2",
             "rollout.max_new_tokens=24",
             "metrics.progress=false",
-            "algo.entropy_top=0.2",
             "algo.critic_warmup=0",
         ]
     )
     assert code == 0 and not (tmp_path / "from-warm" / "warm_start.pt").exists()
     record = json.loads((tmp_path / "from-warm" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert 0.0 < record["forking_kept_frac"] <= 0.5 and "actor/policy_loss" in record  # forking tokens
+    assert "actor/policy_loss" in record
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), f"model.init={tmp_path}/nothing.pt"]) == 2
 
 
-def test_expert_episode_does_not_train_on_its_wrong_edit():
-    from agentrl.models import tiny_tokenizer
-    from agentrl.trainer.setup import expert_episodes
+def test_warm_start_imitates_the_slipped_fixes_of_a_noisy_expert(tmp_path):
+    from agentrl.trainer.build import setup
+    from agentrl.trainer.warm_start import demonstration_episodes, sft_episodes
 
-    cfg = load_config(
-        TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.recover=1.0", "sft.expert.miss=0"]
-    )
-    tokenizer = tiny_tokenizer()
-    (trajectory,) = asyncio.run(expert_episodes(cfg, tokenizer, [cfg.env.train_tasks]))
-    trajectory.validate()
-    assert trajectory.reward == 1.0 and trajectory.status == "completed"
-    spans = [s for s in trajectory.turns if s.role == "assistant"]  # view, wrong edit, right edit, submit
-    texts = [tokenizer.decode(trajectory.input_ids[s.start : s.end]) for s in spans]
-    masks = [trajectory.loss_mask[s.start : s.end] for s in spans]
-    assert len(spans) == 4 and '"old_str"' in texts[1] and '"old_str"' in texts[2]
-    assert not any(masks[1]) and all(all(m) for k, m in enumerate(masks) if k != 1)
+    def episodes(miss: float, n: int):
+        overrides = [f"env.args.expert_miss={miss}", f"run.output_dir={tmp_path}", "sandbox.kind=local"]
+        cfg = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"), overrides)
 
+        async def go():
+            run = await setup(cfg, log=lambda *_: None)
+            try:
+                return await demonstration_episodes(run, [cfg.env.train_tasks + i for i in range(n)])
+            finally:
+                run.store.close()
+                await run.engine.close()
 
-def test_warm_start_imitates_the_slipped_fixes_of_a_noisy_expert():
-    from agentrl.models import tiny_tokenizer
-    from agentrl.trainer.setup import expert_episodes, sft_episodes
+        return asyncio.run(go())
 
-    cfg = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.miss=1.0"])
-    tokenizer = tiny_tokenizer()
-    (trajectory,) = asyncio.run(expert_episodes(cfg, tokenizer, [cfg.env.train_tasks]))
+    (trajectory,) = episodes(1.0, 1)
     trajectory.validate()
     # the slipped fix applies (no editor error), fails the tests, and every assistant token is trained on
-    assert trajectory.reward == 0.0 and trajectory.status == "completed" and trajectory.extra["expert_miss"]
+    assert (
+        trajectory.reward == 0.0
+        and trajectory.status == "completed"
+        and trajectory.extra["demo_reward"] == 0.0
+    )
     assert not any(c.get("error") for c in trajectory.tool_calls)
     spans = [s for s in trajectory.turns if s.role == "assistant"]
     assert len(spans) == 3 and all(all(trajectory.loss_mask[s.start : s.end]) for s in spans)
     # the warm start keeps the slipped episodes alongside the solved ones, in order
-    cfg = load_config(TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["sft.expert.miss=0.5"])
-    episodes = asyncio.run(expert_episodes(cfg, tokenizer, [cfg.env.train_tasks + i for i in range(8)]))
-    kept, slipped = sft_episodes(episodes)
-    assert kept == episodes and 0 < slipped < 8
-    assert slipped == sum(t.reward == 0.0 for t in episodes) == sum(t.extra["expert_miss"] for t in episodes)
-    cut = dataclasses.replace(episodes[0], status="max_turns")
-    assert sft_episodes([cut, *episodes[1:]])[0] == episodes[1:]
-    with pytest.raises(RuntimeError, match="solved none of 1 warm-start episodes"):
-        sft_episodes([dataclasses.replace(episodes[0], reward=0.0, extra={})])
+    played = episodes(0.5, 8)
+    kept, slipped = sft_episodes(played)
+    assert kept == played and 0 < slipped < 8
+    assert (
+        slipped == sum(t.reward == 0.0 for t in played) == sum(t.extra["demo_reward"] == 0.0 for t in played)
+    )
+    # an episode cut off by a limit, or one that earned another reward than meant, is left out
+    cut = dataclasses.replace(played[0], status="max_turns")
+    assert sft_episodes([cut, *played[1:]])[0] == played[1:]
+    solved = next(t for t in played if t.reward == 1.0)
+    unmeant = dataclasses.replace(solved, reward=0.0)
+    assert sft_episodes([unmeant, *played])[0] == played
+    with pytest.raises(
+        RuntimeError, match="none of 1 demonstration episodes was a success that ended as meant"
+    ):
+        sft_episodes([unmeant])
+
+
+def test_a_warm_start_needs_demonstrations_or_a_store(tmp_path, capsys):
+    from agentrl.cli import main
+
+    out = f"run.output_dir={tmp_path}"
+    assert (
+        main(["train", str(ROOT / "recipes/quickstart.yaml"), out, "env.id=magic-word-v0", "env.args={}"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "sft.episodes=512: environment magic-word-v0 has no demonstration(task) to warm-start from" in err
+    assert "sft.from_store=PATH" in err
 
 
 def test_bad_train_config_names_the_key(capsys):
@@ -514,8 +384,8 @@ def test_bad_train_config_names_the_key(capsys):
     assert "unknown key 'optim.actor_lrr'. Did you mean 'optim.actor_lr'?" in capsys.readouterr().err
     assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "algo.policy_loss=dpo"]) == 2
     assert "'algo.policy_loss': Input should be 'ppo', 'gspo', 'gmpo' or 'sapo'" in capsys.readouterr().err
-    assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "sft.expert.run_test=false"]) == 2
-    expected = "sft.expert.run_test: the bugfix-v0 expert takes ['run_tests', 'recover', 'miss']; did you mean 'run_tests'?"
+    assert main(["train", str(ROOT / "recipes/quickstart.yaml"), "env.args.expert_run_test=false"]) == 2
+    expected = "takes no argument 'expert_run_test'. Did you mean env.args.expert_run_tests?"
     assert expected in capsys.readouterr().err
     # a check across sections names the settings and the way out, without echoing the whole config
     assert (
@@ -527,7 +397,7 @@ def test_bad_train_config_names_the_key(capsys):
 
 
 def test_rollout_sampling_settings_reach_the_agent_loop_and_evaluation_is_greedy():
-    from agentrl.trainer.setup import loop_config
+    from agentrl.rollout.from_config import loop_config
 
     cfg = load_config(
         TrainConfig, str(ROOT / "recipes/quickstart.yaml"), ["rollout.top_k=3", "rollout.top_p=0.8"]

@@ -15,11 +15,10 @@ class MagicWordEnv:
     def __init__(self, word: str = MAGIC):
         self.word = word
 
-    def task(self, split: str, index: int) -> Task:
-        return Task(f"{split}-{index}", {})
-
-    def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
-        return [self.task(split, i) for i in range(start, start + n)]
+    def tasks(self, split: str) -> list[Task]:
+        if split not in ("train", "test"):
+            raise KeyError(f"split must be 'train' or 'test'; got {split!r}")
+        return [Task(f"{split}-{i}", {}) for i in range(1000)]
 
     async def reset(self, task: Task) -> Observation:
         return Observation([{"role": "user", "content": "Say the magic word."}], [SUBMIT])

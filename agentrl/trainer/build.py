@@ -1,0 +1,147 @@
+"""Building a run from its config: the environment's task splits, the policy, the training backend
+and inference engine chosen by config (``agentrl.registry``), the rollout pool, the store, metrics,
+checkpoints and the data cursor; resuming from the last checkpoint."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.config import ConfigError, TrainConfig, writable_dir
+from agentrl.env import AgentEnv, Task
+from agentrl.registry import BACKENDS, ENGINES
+from agentrl.rollout.engine import Engine
+from agentrl.rollout.from_config import Splits, env_factory, load_policy, loop_config, seed_everything, splits
+from agentrl.rollout.pool import RolloutPool
+from agentrl.store import TrajectoryStore
+from agentrl.trainer.backend import LossConfig, TrainBackend
+from agentrl.trainer.checkpoint import Checkpoints
+from agentrl.trainer.data import TaskCursor
+from agentrl.trainer.metrics import MetricsLogger
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    log: Any
+    policy: Any
+    tokenizer: Any
+    engine: Engine
+    backend: TrainBackend
+    pool: RolloutPool
+    store: TrajectoryStore
+    metrics: MetricsLogger
+    checkpoints: Checkpoints
+    cursor: TaskCursor
+    splits: Splits
+    make_env: Callable[[], AgentEnv]
+    start: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.monotonic)
+
+    def next_tasks(self) -> tuple[list[Task], list[int]]:
+        indices = self.cursor.next(self.cfg.rollout.tasks_per_iteration)
+        tasks = [self.splits.train[i] for i in indices]
+        # the pool runs n samples of each task; sample s of task k has group id k
+        groups = [k for k in range(len(tasks)) for _ in range(self.cfg.rollout.n_samples)]
+        return tasks, groups
+
+    def save(self, iteration: int, record: dict[str, Any]) -> None:
+        from agentrl.trainer.report import line  # report imports this module
+
+        if (iteration + 1) % self.cfg.run.checkpoint_every == 0 or iteration + 1 == self.cfg.run.iterations:
+            self.checkpoints.save(
+                iteration + 1, self.backend, {"cursor": self.cursor.state(), "state": self.state}
+            )
+        self.metrics.log(record)
+        self.log(line(record))
+
+
+def loss_config(cfg: TrainConfig) -> LossConfig:
+    a = cfg.algo
+    return LossConfig(
+        kind=a.policy_loss,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=a.dual_clip,
+        agg=a.agg,
+        kl_coef=a.kl_coef,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        value_clip=a.value_clip,
+    )
+
+
+async def setup(cfg: TrainConfig, log=print) -> Run:
+    # A bad setting stops the run here, before anything is built: env, task counts, output directory.
+    new_env = env_factory(cfg)
+    probe = new_env()  # asked for its task splits, demonstrations and tokenizer corpus; never reset
+    task_splits = splits(cfg, probe)
+    if cfg.sft.episodes and not callable(getattr(probe, "demonstration", None)):
+        raise ConfigError(
+            f"sft.episodes={cfg.sft.episodes}: environment {cfg.env.id} has no demonstration(task) to "
+            "warm-start from; set sft.episodes=0, or warm-start from stored trajectories (sft.from_store=PATH)"
+        )
+    run_dir = writable_dir(cfg.run_dir, "run.output_dir")
+    seed_everything(cfg.run.seed)
+    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    policy, tokenizer = load_policy(cfg, probe)
+    backend = BACKENDS.factory(cfg.trainer.backend)(policy, cfg)
+    # The inference engine holds its own copy of the weights, synced after every update.
+    engine = ENGINES.factory(cfg.engine.kind)(policy, cfg)
+    store = TrajectoryStore(run_dir / "trajectories")
+    pool = RolloutPool(
+        new_env,
+        engine,
+        tokenizer,
+        loop_config(cfg),
+        store=store,
+        concurrency=cfg.rollout.concurrency,
+        n_samples=cfg.rollout.n_samples,
+        progress=cfg.metrics.progress,
+    )
+    metrics = MetricsLogger(
+        run_dir,
+        tensorboard=cfg.metrics.tensorboard,
+        wandb=cfg.metrics.wandb,
+        wandb_mode=cfg.metrics.wandb_mode,
+        config=cfg.model_dump(),
+    )
+    checkpoints = Checkpoints(run_dir, keep=cfg.run.keep_checkpoints)
+    cursor = TaskCursor(task_splits.n_train, seed=cfg.run.seed)
+    run = Run(
+        cfg,
+        log,
+        policy,
+        tokenizer,
+        engine,
+        backend,
+        pool,
+        store,
+        metrics,
+        checkpoints,
+        cursor,
+        task_splits,
+        new_env,
+    )
+    latest = checkpoints.latest() if cfg.run.resume else None
+    if cfg.run.resume and latest is None:
+        log(f"resume=true but {checkpoints.dir} holds no complete checkpoint: starting from scratch")
+    if latest is not None:
+        saved = checkpoints.load(latest, backend)
+        run.start = saved["iteration"]
+        cursor.restore(saved["cursor"])
+        run.state = saved.get("state", {})
+        metrics.truncate_after(run.start - 1)
+        await engine.update_weights(backend.engine_state_dict())
+        log(f"resumed from {latest} at iteration {run.start}")
+    elif not cfg.run.resume:
+        metrics.truncate_after(-1)
+    return run
+
+
+def rollout_seed(cfg: TrainConfig, iteration: int) -> int:
+    """Sampling seed of an iteration's rollouts (fresh every iteration, reproducibly); held-out
+    evaluation samples with iteration -1's, which no training iteration uses."""
+    return cfg.run.seed * 1_000_003 + iteration

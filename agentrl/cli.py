@@ -292,6 +292,18 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError, TrainConfig, describe, load_config
+
+    try:
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+    except ConfigError as e:
+        return _error(e)
+    print(f"# {args.config or 'defaults'}{' with ' + ' '.join(args.overrides) if args.overrides else ''}")
+    print("\n".join(describe(cfg)).lstrip("\n"))
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     import json
 
@@ -316,6 +328,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agentrl", description="Reinforcement learning for tool-using coding agents.")
     parser.add_argument("--version", action="version", version=f"agentrl {agentrl.__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error, not just its line"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     quick = commands.add_parser("quickstart", help="run the main job on this machine")
@@ -369,7 +384,31 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="key.sub=value overrides, e.g. model.init=... metrics.eval_samples=4"
     )
     evaluate.set_defaults(func=_eval)
+
+    config = commands.add_parser(
+        "config", help="print a recipe's resolved config: every field, its value, default and description"
+    )
+    config.add_argument("config", nargs="?", default=None, help="YAML recipe (none: the defaults)")
+    config.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    config.set_defaults(func=_config)
     return parser
+
+
+def _failure(e: BaseException) -> str:
+    """One line for an unexpected exception: what was raised, and where (the innermost frame of
+    the code that raised it, naming the component: an environment, a backend, an engine)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        module = next(
+            (m for m, mod in sys.modules.items() if getattr(mod, "__file__", None) == last.filename), None
+        )
+        where = f" in {module or Path(last.filename).name} ({Path(last.filename).name}:{last.lineno})"
+    message = " ".join(str(e).split()) or "(no message)"
+    return f"{type(e).__name__}{where}: {message}; rerun with --debug for the traceback"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,6 +423,17 @@ def main(argv: list[str] | None = None) -> int:
     _stop.install()
     try:
         code = args.func(args)
+    except BrokenPipeError:  # the reader went away (`agentrl config ... | head`): nothing more to say
+        _stop.done = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as e:  # not a signal's: a failure nobody turned into an input error
+        _stop.done = True
+        if not _stop.signals:
+            if args.debug:
+                raise
+            print(f"error: {_failure(e)}", file=sys.stderr)
+            return 1
     except BaseException:
         _stop.done = True
         if not _stop.signals:

@@ -75,9 +75,20 @@ class EnvConfig(Section):
 
 
 class SandboxConfig(Section):
-    kind: Literal["auto", "docker", "local"] = "auto"
+    kind: str = "auto"
     """Where agent commands run: ``docker``, ``local`` (bubblewrap), or ``auto`` (Docker when an engine
     with the base image answers, else bubblewrap, else an error naming the opt-in for none)."""
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from agentrl.sandbox import KINDS
+
+        if value not in KINDS:
+            close = difflib.get_close_matches(value, KINDS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown sandbox.kind {value!r}.{hint} Known: {', '.join(KINDS)}")
+        return value
 
 
 class ModelConfig(Section):
@@ -316,6 +327,23 @@ def _closest_key_message(error: dict, model: type[BaseModel]) -> str:
         message = str(error["msg"]).removeprefix("Value error, ").rstrip(".") + "."
         return message if not loc else f"'{where}': {message}"
     return f"'{where}': {error['msg']} (got {error.get('input')!r})."
+
+
+def describe(cfg: BaseModel, prefix: str = "") -> list[str]:
+    """``agentrl config``: every field of ``cfg`` as ``key = value`` with its description, and its
+    default where the value differs from it, section by section."""
+    lines = []
+    for name, field in type(cfg).model_fields.items():
+        value = getattr(cfg, name)
+        key = f"{prefix}{name}"
+        text = " ".join((field.description or "").split())
+        if isinstance(value, BaseModel):
+            lines += ["", f"[{key}]  {text}"] + describe(value, f"{key}.")
+            continue
+        default = field.get_default(call_default_factory=True)
+        changed = f"  (default: {default!r})" if value != default else ""
+        lines.append(f"{key} = {value!r}{changed}\n    {text}")
+    return lines
 
 
 def read_settings(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:

@@ -55,7 +55,11 @@ def no_model_loads(monkeypatch):
         ("env.args.n_module=2", "takes no argument 'n_module'. Did you mean env.args.n_modules?"),
         ("env.args.n_modules=0", "error: environment bugfix-v0 rejects env.args.n_modules=0"),
         ("env.args=[1]", "'env.args': Input should be a valid dictionary"),
-        ("sandbox.kind=vm", "'sandbox.kind': Input should be 'auto', 'docker' or 'local' (got 'vm')"),
+        ("sandbox.kind=vm", "'sandbox.kind': unknown sandbox.kind 'vm'. Known: auto, docker, local."),
+        (
+            "sandbox.kind=dokcer",
+            "unknown sandbox.kind 'dokcer'. Did you mean 'docker'? Known: auto, docker, local.",
+        ),
         ("collect.split=dev", "error: collect.split='dev': environment bugfix-v0 has no such split"),
         (
             "collect.store=/proc/agentrl-store",
@@ -205,3 +209,28 @@ def test_bad_arguments_are_one_line_too(argv, message, capsys):
 def test_config_file_that_cannot_be_read(path, message, capsys):
     assert main(["rollout", path]) == 2
     assert message in one_error_line(capsys)
+
+
+def test_an_unexpected_failure_is_one_line_naming_where_and_debug_shows_the_traceback(monkeypatch, capsys):
+    import agentrl.rollout.run
+
+    async def broken(cfg, log=print):
+        raise RuntimeError("the backend fell over\n  on two lines")
+
+    monkeypatch.setattr(agentrl.rollout.run, "collect", broken)
+    assert main(["rollout", ROLLOUT]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith("error: RuntimeError in tests.test_cli_errors (test_cli_errors.py:")
+    assert line.endswith("the backend fell over on two lines; rerun with --debug for the traceback")
+    with pytest.raises(RuntimeError, match="the backend fell over"):
+        main(["--debug", "rollout", ROLLOUT])
+
+
+def test_config_prints_every_field_with_its_value_default_and_description(capsys):
+    assert main(["config", QUICKSTART, "optim.actor_lr=3e-4"]) == 0
+    out = capsys.readouterr().out
+    assert "optim.actor_lr = 0.0003  (default: 0.0001)\n    Learning rate of the policy (AdamW)." in out
+    assert "[sandbox]  Where agent commands run." in out and "sandbox.kind = 'auto'\n" in out
+    assert out.count(" = ") >= 70
+    assert main(["config", QUICKSTART, "optim.actor_lrr=1"]) == 2
+    assert "Did you mean 'optim.actor_lr'?" in one_error_line(capsys)

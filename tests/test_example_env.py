@@ -1,36 +1,35 @@
-"""An environment from another package (tests/example_env, the example of docs/environments.md),
-registered through its entry point as ``pip install`` would, passes ``agentrl envs check`` and
-warm-starts and trains through ``agentrl train`` like the built-in one."""
+"""An environment from another package (tests/example_env, installed by ``make setup`` and found
+through its entry point) passes ``agentrl envs check``, rolls out, and warm-starts from its own
+demonstrations and trains through ``agentrl train`` like the built-in one."""
 
+import importlib.metadata
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 import agentrl.env as env_module
 from agentrl.cli import main
+from agentrl.store import TrajectoryStore
 
-PACKAGE = Path(__file__).resolve().parent / "example_env"
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes/rollout_bugfix_tiny.yaml"
 
 
 @pytest.fixture
-def installed(tmp_path, monkeypatch):
-    """What ``pip install tests/example_env`` leaves for the entry-point lookup, without a network:
-    the package on sys.path and its dist-info with the entry point of its pyproject.toml."""
-    dist = tmp_path / "agentrl_example_env-0.1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrl-example-env\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[agentrl.envs]\nexample = agentrl_example_env:register_envs\n")
-    assert 'example = "agentrl_example_env:register_envs"' in (PACKAGE / "pyproject.toml").read_text()
-    monkeypatch.syspath_prepend(str(PACKAGE))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(env_module, "_plugins_loaded", False)
-    yield tmp_path
-    sys.modules.pop("agentrl_example_env", None)
+def installed():
+    """The package as ``make setup`` installs it (``pip install -e tests/example_env``): found
+    through its ``agentrl.envs`` entry point, as any user's package is."""
+    points = [e for e in importlib.metadata.entry_points(group="agentrl.envs") if e.name == "example"]
+    assert points, (
+        "tests/example_env is not installed: `make setup` installs it (pip install -e tests/example_env)"
+    )
+    assert points[0].value == "agentrl_example_env:register_envs"
+    assert "linecount-v0" in env_module.list_envs()
+    return points[0]
 
 
-def test_the_plugin_env_passes_envs_check(installed, capsys):
+def test_the_plugin_env_passes_envs_check_and_rolls_out(installed, tmp_path, capsys):
     assert main(["envs"]) == 0
     assert "linecount-v0  agentrl_example_env:LineCountEnv" in capsys.readouterr().out
     assert main(["envs", "check", "linecount-v0", "--sandbox", "local"]) == 0
@@ -38,15 +37,20 @@ def test_the_plugin_env_passes_envs_check(installed, capsys):
     assert "ok  the demonstration earns its reward (1) through the agent loop" in out
     assert "ok  an agent that does nothing does not succeed" in out
     assert "linecount-v0: all checks passed" in out
+    store = tmp_path / "store"
+    rollout = ["rollout", str(RECIPE), "env.id=linecount-v0", "sandbox.kind=local", f"collect.store={store}"]
+    assert main([*rollout, "collect.tasks=3", "rollout.n_samples=2", "rollout.max_turns=2"]) == 0
+    assert "rollout: 6 episodes of linecount-v0" in capsys.readouterr().out
+    assert len(list(TrajectoryStore(store).read())) == 6
 
 
-def test_the_plugin_env_warm_starts_and_trains(installed, capsys):
-    out = installed / "runs"
+def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
+    out = tmp_path / "runs"
     args = [
         "train",
-        str(PACKAGE.parents[1] / "recipes/quickstart.yaml"),
+        str(ROOT / "recipes/quickstart.yaml"),
         f"run.output_dir={out}",
-        "run.iterations=1",
+        "run.iterations=2",
         "env.id=linecount-v0",
         "env.args={max_lines: 5}",
         "env.train_tasks=16",
@@ -64,9 +68,10 @@ def test_the_plugin_env_warm_starts_and_trains(installed, capsys):
     printed = capsys.readouterr().out
     assert "warm start: 16 demonstration episodes (0 meant to fail)" in printed
     summary = json.loads((out / "quickstart" / "summary.json").read_text())
-    assert 0.0 <= summary["eval_before"] <= 1.0 and summary["iterations"] == 1
-    record = json.loads((out / "quickstart" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["statuses"] and "critic/value_loss" in record
+    assert 0.0 <= summary["eval_before"] <= 1.0 and summary["iterations"] == 2
+    records = [json.loads(line) for line in (out / "quickstart" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert "critic/value_loss" in records[0] and "actor/policy_loss" in records[1]  # critic-only first
 
 
 def test_a_plugin_that_fails_to_load_is_named_when_its_env_is_asked_for(tmp_path, monkeypatch):

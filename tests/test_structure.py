@@ -101,3 +101,19 @@ def test_algorithms_are_pure():
         for p in algo
     }
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_the_shipped_backend_and_engine_implement_their_protocols():
+    from agentrl.models import tiny_chat_model
+    from agentrl.rollout.engine import Engine
+    from agentrl.rollout.local import from_config as engine_from_config
+    from agentrl.trainer.backend import TrainBackend
+    from agentrl.trainer.torch_backend import from_config as backend_from_config
+
+    cfg = TrainConfig()
+    policy, _ = tiny_chat_model(hidden=16, layers=1)
+    assert isinstance(backend_from_config(policy, cfg), TrainBackend)
+    assert isinstance(engine_from_config(policy, cfg), Engine)
+    for protocol in (TrainBackend, Engine):  # each member the protocol declares, its docstring explains
+        members = [m for m in vars(protocol) if not m.startswith("_")] + list(protocol.__annotations__)
+        assert members and all(f"``{m}``" in protocol.__doc__ for m in members), protocol

@@ -54,6 +54,19 @@ class EngineError(RuntimeError):
 
 @runtime_checkable
 class Engine(Protocol):
+    """What the agent loop and the trainer need from an inference engine (``engine.kind`` names one
+    registered in ``agentrl.registry.ENGINES``).
+
+    - ``generate``: one request, token ids in, sampled ids and their log-probs out.
+    - ``update_weights``: new policy weights, from a state dict (in-process engines) or from a
+      checkpoint directory on disk (``path=``, what a server loads); ``version`` names them, and the
+      engine tags later generations with it. Returns the version now served.
+    - ``health``: whether it serves; ``close``: release it (idempotent).
+    """
+
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation: ...
-    async def update_weights(self, *args: Any, **kwargs: Any) -> str: ...
+    async def update_weights(
+        self, state_dict: dict[str, Any] | None = None, version: str | None = None, *, path: str | None = None
+    ) -> str: ...
     async def health(self) -> bool: ...
+    async def close(self) -> None: ...

@@ -275,15 +275,38 @@ class LocalEngine:
             for o, lp, reason in zip(outputs, logprobs, reasons, strict=True)
         ]
 
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], version: str | None = None) -> str:
-        """Swap in new weights between batches; returns the new weight version."""
+    async def update_weights(
+        self,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        version: str | None = None,
+        *,
+        path: str | None = None,
+    ) -> str:
+        """Swap in new weights between batches, from ``state_dict`` or from ``path`` (a state-dict
+        file, or a Hugging Face model directory's safetensors); returns the new weight version."""
+        if (state_dict is None) == (path is None):
+            raise ValueError("update_weights takes a state_dict or a path, one of them")
+        if path is not None:
+            state_dict = _read_weights(path)
         self._ensure_worker()
         async with self._lock:
-            await asyncio.get_running_loop().run_in_executor(
-                self._thread, self.model.load_state_dict, state_dict
-            )
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._load, state_dict)
             self.weight_version = version or str(int(self.weight_version) + 1)
         return self.weight_version
+
+    def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
+        # A saved model with tied weights holds one of each tied group (safetensors drops the
+        # others, e.g. an output head tied to the embedding): loading it sets the whole group.
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        groups: dict[int, list[str]] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            groups.setdefault(id(param), []).append(name)
+        tied = {n for names in groups.values() if any(m in state_dict for m in names) for n in names}
+        absent = [k for k in missing if k not in tied]
+        if absent or unexpected:
+            raise RuntimeError(
+                f"the weights do not fit the served model: missing {absent[:5]}, unexpected {unexpected[:5]}"
+            )
 
     async def health(self) -> bool:
         return self._worker is None or not self._worker.done()
@@ -294,6 +317,20 @@ class LocalEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
         self._thread.shutdown(wait=False)
+
+
+def _read_weights(path: str) -> dict[str, torch.Tensor]:
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        from safetensors.torch import load_file
+
+        files = sorted(p.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{path} holds no *.safetensors weights")
+        return {k: v for f in files for k, v in load_file(str(f)).items()}
+    return torch.load(p, map_location="cpu", weights_only=True)
 
 
 def from_config(policy, cfg) -> LocalEngine:

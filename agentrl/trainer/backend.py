@@ -9,7 +9,7 @@ never trainable (a trajectory starts with its prompt).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -85,13 +85,36 @@ class LossConfig:
     value_clip: float | None = 0.2
 
 
+@runtime_checkable
 class TrainBackend(Protocol):
+    """What the PPO loop and the warm start need from a training backend (``trainer.backend`` names
+    one registered in ``agentrl.registry.BACKENDS``; a factory builds it from the policy and the
+    whole config).
+
+    - ``logprobs`` / ``ref_logprobs`` / ``values``: ``[B, T]`` per token (column t: token t given
+      tokens < t; the value of the state before it), at the rollout temperature.
+    - ``train_actor`` / ``train_critic``: one PPO update of each on a batch with advantages and
+      returns; metrics as floats. ``train_sft``: supervised epochs on the trainable tokens (the warm
+      start), the loss of each step.
+    - ``reset_critic`` / ``reset_reference``: the value model and the KL's reference start again from
+      the policy's current weights (after a warm start).
+    - ``engine_state_dict``: the policy's weights as the inference engine loads them;
+      ``save`` / ``load``: the whole training state (weights, optimizers, schedules, RNG) for resume.
+    - ``device``: where the policy trains.
+    """
+
+    device: torch.device
+
     def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor: ...
+    def ref_logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor: ...
     def values(self, batch: Batch) -> Tensor: ...
     def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]: ...
     def train_critic(
         self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
     ) -> dict[str, float]: ...
+    def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]: ...
+    def reset_critic(self) -> None: ...
+    def reset_reference(self) -> None: ...
     def engine_state_dict(self) -> dict[str, Any]: ...
     def save(self, path: str) -> None: ...
     def load(self, path: str) -> None: ...

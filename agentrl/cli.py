@@ -295,6 +295,11 @@ def _train(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError, TrainConfig, describe, load_config
 
+    if args.markdown:
+        from agentrl.config import reference
+
+        print(reference(), end="")
+        return 0
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
     except ConfigError as e:
@@ -390,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.add_argument("config", nargs="?", default=None, help="YAML recipe (none: the defaults)")
     config.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    config.add_argument(
+        "--markdown", action="store_true", help="the reference of every field (docs/config.md)"
+    )
     config.set_defaults(func=_config)
     return parser
 

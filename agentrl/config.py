@@ -219,8 +219,12 @@ class OptimConfig(Section):
     micro_token_budget: int = Field(8192, ge=64)
     """Tokens in one forward/backward (gradient accumulation above it)."""
     packing: Literal["padded", "packed"] = "padded"
-    """``packed``: rows concatenated with a block-diagonal mask (for varlen attention kernels);
-    ``padded``: length-bucketed rows, each micro-batch padded to its own longest (CPU / SDPA)."""
+    """``packed``: rows concatenated into one sequence, each attending only to itself (see
+    ``attention``); ``padded``: length-bucketed rows, each micro-batch padded to its own longest."""
+    attention: Literal["auto", "dense", "flex", "varlen"] = "auto"
+    """How packed rows keep to themselves: ``flex`` (FlexAttention, a document mask), ``varlen``
+    (flash-attn's variable-length kernel), ``dense`` (a ``[T, T]`` mask; the CPU reference);
+    ``auto``: varlen on CUDA with flash-attn installed, else flex on CUDA, dense on CPU."""
     logprob_chunk: int = Field(1024, ge=16)
     """Vocabulary rows per chunk of the log-prob computation (the ``[tokens, vocab]`` logits are never whole)."""
 
@@ -344,6 +348,40 @@ def describe(cfg: BaseModel, prefix: str = "") -> list[str]:
         changed = f"  (default: {default!r})" if value != default else ""
         lines.append(f"{key} = {value!r}{changed}\n    {text}")
     return lines
+
+
+def reference() -> str:
+    """``docs/config.md`` (``make docs``): every section and field of ``TrainConfig`` with its type,
+    default and description, generated from the models so that it cannot drift from them."""
+
+    def type_name(annotation: Any) -> str:
+        text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+        text = text or str(annotation).replace("typing.", "")
+        return text.replace("NoneType", "None").replace("Literal", "one of ")
+
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    out = [
+        "# Config reference",
+        "",
+        "Every setting of a recipe (`agentrl train`, `agentrl rollout`, `agentrl eval`), section by",
+        "section: its type, its default and what it does. Generated from `agentrl/config.py` by",
+        "`make docs`; a test fails when this file is out of date. `agentrl config RECIPE [key=value ...]`",
+        "prints a recipe's resolved values with the same descriptions. Override any field on the",
+        "command line as `section.field=value` (values are YAML).",
+    ]
+    for name, section in TrainConfig.model_fields.items():
+        model = section.annotation
+        out += ["", f"## `{name}`", "", cell(section.description or ""), ""]
+        out += ["| field | type | default | description |", "|---|---|---|---|"]
+        for field_name, field in model.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            out.append(
+                f"| `{name}.{field_name}` | `{cell(type_name(field.annotation))}` | `{default!r}` | "
+                f"{cell(field.description or '')} |"
+            )
+    return "\n".join(out) + "\n"
 
 
 def read_settings(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:

@@ -101,8 +101,10 @@ def test_sigterm_leaves_no_docker_container(tmp_path):
     client = docker.from_env()
 
     def containers_of(pid: int) -> list:
+        # sparse: the list as the daemon gives it, with no inspect of each container after it (one
+        # removed in between would raise NotFound; the runs create and remove them all the time)
         return client.containers.list(
-            all=True, filters={"label": ["agentrl.sandbox=1", f"agentrl.pid={pid}"]}
+            all=True, sparse=True, filters={"label": ["agentrl.sandbox=1", f"agentrl.pid={pid}"]}
         )
 
     runs = []

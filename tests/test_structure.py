@@ -117,3 +117,11 @@ def test_the_shipped_backend_and_engine_implement_their_protocols():
     for protocol in (TrainBackend, Engine):  # each member the protocol declares, its docstring explains
         members = [m for m in vars(protocol) if not m.startswith("_")] + list(protocol.__annotations__)
         assert members and all(f"``{m}``" in protocol.__doc__ for m in members), protocol
+
+
+def test_the_config_reference_is_up_to_date():
+    from agentrl.config import reference
+
+    written = (ROOT / "docs/config.md").read_text()
+    assert written == reference(), "docs/config.md is out of date: run `make docs`"
+    assert all(f"`{key}`" in written for key, _ in sections(TrainConfig) if "." in key)

@@ -338,4 +338,7 @@ def from_config(policy, cfg) -> LocalEngine:
     from the trainer after every update)."""
     import copy
 
-    return LocalEngine(copy.deepcopy(policy).eval())
+    served = copy.deepcopy(policy).eval()
+    if hasattr(served, "set_attn_implementation"):
+        served.set_attn_implementation("sdpa")  # decoding with a KV cache: whatever the trainer packs with
+    return LocalEngine(served)

@@ -96,10 +96,35 @@ def _padded_inputs(batch: Batch, rows: list[int], device) -> dict[str, Tensor]:
     }
 
 
+ATTENTION = ("auto", "dense", "flex", "varlen")
+"""How packed rows attend only within themselves: ``dense`` (a ``[T, T]`` block-diagonal boolean
+mask with SDPA; the CPU reference), ``flex`` (FlexAttention with a document mask, no ``[T, T]``
+tensor), ``varlen`` (flash-attn's variable-length kernel, found from the reset position ids);
+``auto``: varlen on CUDA when flash-attn is installed, else flex on CUDA, dense on CPU."""
+
+_ATTN_IMPLEMENTATION = {"dense": "sdpa", "flex": "flex_attention", "varlen": "flash_attention_2"}
+
+
+def resolve_attention(attention: str, device: torch.device) -> str:
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}; got {attention!r}")
+    if attention != "auto":
+        return attention
+    if device.type != "cuda":
+        return "dense"
+    import importlib.util
+
+    return "varlen" if importlib.util.find_spec("flash_attn") is not None else "flex"
+
+
 def _packed_inputs(
-    batch: Batch, rows: list[int], device
+    batch: Batch, rows: list[int], device, attention: str = "dense", multiple: int = 1
 ) -> tuple[dict[str, Tensor], list[tuple[int, int, int]]]:
-    """One sequence holding ``rows``; returns model kwargs and ``(row, start, length)`` spans."""
+    """One sequence holding ``rows``; returns model kwargs and ``(row, start, length)`` spans.
+
+    Each row restarts its position ids at 0 and attends only to itself (``attention``). The flex
+    path pads the sequence to a multiple of ``multiple`` tokens (a segment of its own that nothing
+    reads), so that a compiled kernel sees few distinct lengths."""
     ids, positions, segments, spans = [], [], [], []
     start = 0
     for k, r in enumerate(rows):
@@ -109,13 +134,31 @@ def _packed_inputs(
         segments.append(torch.full((n,), k))
         spans.append((r, start, n))
         start += n
-    seg = torch.cat(segments)
-    allowed = torch.tril(torch.ones(start, start, dtype=torch.bool)) & (seg[:, None] == seg[None, :])
+    pad = (-start) % multiple if attention == "flex" else 0
+    if pad:
+        ids.append(torch.zeros(pad, dtype=torch.long))
+        positions.append(torch.arange(pad))
+        segments.append(torch.full((pad,), len(rows)))
+    seg = torch.cat(segments).to(device)
     kwargs = {
         "input_ids": torch.cat(ids)[None].to(device),
         "position_ids": torch.cat(positions)[None].to(device),
-        "attention_mask": allowed[None, None].to(device),
     }
+    if attention == "dense":
+        total = seg.numel()
+        causal = torch.tril(torch.ones(total, total, dtype=torch.bool, device=device))
+        kwargs["attention_mask"] = (causal & (seg[:, None] == seg[None, :]))[None, None]
+    elif attention == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_row_causal(b, h, q, kv):
+            return (seg[q] == seg[kv]) & (q >= kv)
+
+        total = seg.numel()
+        kwargs["attention_mask"] = create_block_mask(
+            same_row_causal, None, None, total, total, device=str(device)
+        )
+    # varlen: no mask; flash-attn's path reads the row boundaries from the reset position ids
     return kwargs, spans
 
 
@@ -141,10 +184,16 @@ class TorchBackend:
         reference: bool = False,
         critic: bool = True,
         packing: str = "padded",
+        attention: str = "auto",
         seed: int = 0,
     ):
         self.policy = policy.train()
         self.device = next(policy.parameters()).device
+        # Packed rows need an attention that keeps each row to itself; set before the critic and
+        # the reference are copied from the policy, so that they use it too.
+        self.attention = resolve_attention(attention, self.device) if packing == "packed" else "dense"
+        if packing == "packed" and hasattr(policy, "set_attn_implementation"):
+            policy.set_attn_implementation(_ATTN_IMPLEMENTATION[self.attention])
         self.critic = ValueModel(policy).to(self.device).train() if critic else None
         self.reference = _frozen_copy(policy) if reference else None
         self.epochs, self.minibatches = epochs, minibatches
@@ -210,7 +259,9 @@ class TorchBackend:
         lengths = [int(batch.lengths[r]) for r in rows]
         with self._ctx():
             if self.packing == "packed":
-                kwargs, spans = _packed_inputs(batch, rows, self.device)
+                kwargs, spans = _packed_inputs(
+                    batch, rows, self.device, self.attention, multiple=max(128, self.budget // 8)
+                )
                 h = backbone(**kwargs).last_hidden_state[0]
                 src = torch.cat([torch.arange(s, s + n - 1) for _, s, n in spans]).to(self.device)
                 return h[src]
@@ -462,6 +513,7 @@ def from_config(policy: nn.Module, cfg) -> TorchBackend:
         minibatches=o.minibatches,
         micro_token_budget=o.micro_token_budget,
         packing=o.packing,
+        attention=o.attention,
         logprob_chunk=o.logprob_chunk,
         dtype=resolve_dtype(cfg.model.dtype, next(policy.parameters()).device),
         reference=cfg.algo.kl_coef > 0,

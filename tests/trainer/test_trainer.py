@@ -157,6 +157,41 @@ def test_padding_changes_no_real_token_log_prob_or_value():
                 torch.testing.assert_close(got[r, :n], want[r, :n], atol=1e-5, rtol=1e-5)
 
 
+def test_packed_rows_with_flex_attention_match_padded_ones_and_train_the_same():
+    """The packed path without a [T, T] mask (FlexAttention with a document mask, what CUDA runs
+    when flash-attn is not installed) against the padded path and the dense-mask reference: the
+    same log-probs (1e-5 in fp32, 1e-3 under bf16 autocast). FlexAttention has no backward on the
+    CPU; benchmarks/gpu_train_step.py compares the gradients on a GPU."""
+    import copy
+
+    from agentrl.trainer.torch_backend import resolve_attention
+
+    assert resolve_attention("auto", torch.device("cpu")) == "dense"
+    assert resolve_attention("flex", torch.device("cpu")) == "flex"
+    with pytest.raises(ValueError, match="attention must be one of"):
+        resolve_attention("paged", torch.device("cpu"))
+    model, _ = tiny_chat_model(seed=5)
+    batch = synthetic_batch(seed=2)
+    mask = batch.loss_mask
+    for dtype, tol in (("float32", 1e-5), ("bfloat16", 1e-3)):
+        made = {
+            (kind, attention): TorchBackend(
+                copy.deepcopy(model),
+                micro_token_budget=10_000,
+                packing=kind,
+                attention=attention,
+                dtype=dtype,
+            )
+            for kind, attention in (("padded", "auto"), ("packed", "dense"), ("packed", "flex"))
+        }
+        assert made[("packed", "flex")].policy.config._attn_implementation == "flex_attention"
+        assert made[("packed", "flex")].critic.backbone.config._attn_implementation == "flex_attention"
+        padded = made[("padded", "auto")].logprobs(batch)
+        for key in (("packed", "dense"), ("packed", "flex")):
+            gap = float((made[key].logprobs(batch) - padded)[mask].abs().max())
+            assert gap < tol, (dtype, key, gap)
+
+
 def test_reset_critic_starts_the_value_model_from_the_current_policy():
     model, _ = tiny_chat_model(seed=4)
     backend = TorchBackend(model, critic_lr=1e-3, adam_eps=1e-5)

@@ -48,3 +48,12 @@ def no_leaked_containers():
     for c in leaked:
         c.remove(force=True)
     assert not leaked, f"leaked sandbox containers: {[c.name for c in leaked]}"
+
+
+def fake_distribution(root, name: str, entry_points: str) -> None:
+    """What ``pip install`` leaves for entry-point lookup: ``NAME-0.1.dist-info`` under ``root`` (a
+    sys.path entry) with ``entry_points.txt`` holding ``entry_points``."""
+    dist = root / f"{name.replace('-', '_')}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(entry_points)

@@ -16,7 +16,7 @@ from agentrl.env import (
     spec,
 )
 from agentrl.tools import BASH
-from tests.conftest import DOCKER_OK
+from tests.conftest import DOCKER_OK, fake_distribution
 
 
 class EchoEnv:
@@ -88,10 +88,7 @@ def test_entry_point_plugins_register(tmp_path, monkeypatch):
             """
         )
     )
-    dist = tmp_path / "myplugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[agentrl.envs]\nmyplugin = myplugin:register_all\n")
+    fake_distribution(tmp_path, "myplugin", "[agentrl.envs]\nmyplugin = myplugin:register_all\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(env_module, "_plugins_loaded", False)
     assert "plugin-echo-v1" in list_envs()

@@ -11,6 +11,7 @@ import pytest
 import agentrl.env as env_module
 from agentrl.cli import main
 from agentrl.store import TrajectoryStore
+from tests.conftest import fake_distribution
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes/rollout_bugfix_tiny.yaml"
@@ -75,10 +76,7 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
 
 
 def test_a_plugin_that_fails_to_load_is_named_when_its_env_is_asked_for(tmp_path, monkeypatch):
-    dist = tmp_path / "broken_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[agentrl.envs]\nbroken = no_such_module_xyz:register\n")
+    fake_distribution(tmp_path, "broken-plugin", "[agentrl.envs]\nbroken = no_such_module_xyz:register\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(env_module, "_plugins_loaded", False)
     monkeypatch.setattr(env_module, "_plugin_failures", [])

@@ -142,3 +142,20 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def rollout_pool(cfg: TrainConfig, make_env: Callable[[], AgentEnv], engine, tokenizer, store=None):
+    """The pool that collects a run's episodes (``rollout`` settings, ``metrics.progress``), for
+    ``agentrl train`` and ``agentrl rollout`` alike."""
+    from agentrl.rollout.pool import RolloutPool
+
+    return RolloutPool(
+        make_env,
+        engine,
+        tokenizer,
+        loop_config(cfg),
+        store=store,
+        concurrency=cfg.rollout.concurrency,
+        n_samples=cfg.rollout.n_samples,
+        progress=cfg.metrics.progress,
+    )

@@ -19,8 +19,7 @@ from agentrl.config import ConfigError, TrainConfig, load_config, writable_dir
 
 async def collect(cfg: TrainConfig, log=print) -> dict[str, Any]:
     from agentrl.registry import ENGINES
-    from agentrl.rollout.from_config import env_factory, load_policy, loop_config, seed_everything
-    from agentrl.rollout.pool import RolloutPool
+    from agentrl.rollout.from_config import env_factory, load_policy, rollout_pool, seed_everything
     from agentrl.store import TrajectoryStore
 
     # Everything a typo can break is checked here, before the model loads and episodes run.
@@ -46,16 +45,7 @@ async def collect(cfg: TrainConfig, log=print) -> dict[str, Any]:
     policy, tokenizer = load_policy(cfg, probe)
     engine = ENGINES.factory(cfg.engine.kind)(policy, cfg)
     store = TrajectoryStore(store_dir)
-    pool = RolloutPool(
-        new_env,
-        engine,
-        tokenizer,
-        loop_config(cfg),
-        store=store,
-        concurrency=cfg.rollout.concurrency,
-        n_samples=cfg.rollout.n_samples,
-        progress=cfg.metrics.progress,
-    )
+    pool = rollout_pool(cfg, new_env, engine, tokenizer, store)
     start = time.monotonic()
     try:
         trajectories = await pool.run(tasks)

@@ -13,7 +13,14 @@ from agentrl.config import ConfigError, TrainConfig, writable_dir
 from agentrl.env import AgentEnv, Task
 from agentrl.registry import BACKENDS, ENGINES
 from agentrl.rollout.engine import Engine
-from agentrl.rollout.from_config import Splits, env_factory, load_policy, loop_config, seed_everything, splits
+from agentrl.rollout.from_config import (
+    Splits,
+    env_factory,
+    load_policy,
+    rollout_pool,
+    seed_everything,
+    splits,
+)
 from agentrl.rollout.pool import RolloutPool
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.backend import LossConfig, TrainBackend
@@ -91,16 +98,7 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
     # The inference engine holds its own copy of the weights, synced after every update.
     engine = ENGINES.factory(cfg.engine.kind)(policy, cfg)
     store = TrajectoryStore(run_dir / "trajectories")
-    pool = RolloutPool(
-        new_env,
-        engine,
-        tokenizer,
-        loop_config(cfg),
-        store=store,
-        concurrency=cfg.rollout.concurrency,
-        n_samples=cfg.rollout.n_samples,
-        progress=cfg.metrics.progress,
-    )
+    pool = rollout_pool(cfg, new_env, engine, tokenizer, store)
     metrics = MetricsLogger(
         run_dir,
         tensorboard=cfg.metrics.tensorboard,

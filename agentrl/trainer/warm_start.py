@@ -67,8 +67,7 @@ def stored_episodes(run: Run) -> list[Trajectory]:
     path = run.cfg.sft.from_store
     if not path:
         return []
-    store = TrajectoryStore(path, writable=False) if _takes_writable() else TrajectoryStore(path)
-    episodes = list(store.read(lambda t: t.status == "completed" and succeeded(t.reward)))
+    episodes = list(TrajectoryStore(path).read(lambda t: t.status == "completed" and succeeded(t.reward)))
     if not episodes:
         raise ConfigError(
             f"sft.from_store={path}: the store holds no completed, successful episode to imitate"
@@ -81,12 +80,6 @@ def stored_episodes(run: Run) -> list[Trajectory]:
             f"{vocab}: they were made with another tokenizer; collect them with model.name={run.cfg.model.name}"
         )
     return episodes
-
-
-def _takes_writable() -> bool:
-    import inspect
-
-    return "writable" in inspect.signature(TrajectoryStore).parameters
 
 
 async def warm_start(run: Run) -> None:

@@ -489,3 +489,27 @@ def test_kill_9_mid_iteration_then_resume_loses_and_repeats_no_batch(tmp_path):
     resumed = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["iteration"] for r in resumed] == list(range(6))
     assert [r["tasks"] for r in resumed] == reference
+
+
+def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys):
+    from agentrl.cli import main
+    from agentrl.models import tiny_tokenizer
+    from agentrl.store import TrajectoryStore
+
+    tok = tiny_tokenizer()
+    prompt = tok.encode("Say the magic word.", add_special_tokens=False)
+    answer = tok.encode(" assert", add_special_tokens=False) + [tok.eos_token_id]
+    store = TrajectoryStore(tmp_path / "store")
+    for reward, status in ((1.0, "completed"), (1.0, "completed"), (0.0, "completed"), (1.0, "max_turns")):
+        n = len(prompt) + len(answer)
+        spans = [TurnSpan(0, len(prompt), "prompt"), TurnSpan(len(prompt), n, "assistant")]
+        mask = [0] * len(prompt) + [1] * len(answer)
+        store.append(Trajectory(prompt + answer, mask, [0.0] * n, spans, reward=reward, status=status))
+    store.close()
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text("run: {name: from-store, iterations: 1}\n")
+    args = ["train", str(recipe), *TOY, f"run.output_dir={tmp_path}", "env.eval_tasks=0"]
+    assert main([*args, f"sft.from_store={tmp_path / 'store'}", "sft.epochs=1"]) == 0
+    assert "warm start: 2 stored successes from" in capsys.readouterr().out
+    assert main([*args, f"sft.from_store={tmp_path / 'nothing'}"]) == 2
+    assert "holds no completed, successful episode to imitate" in capsys.readouterr().err

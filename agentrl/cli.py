@@ -186,7 +186,7 @@ def _sandbox_build(args: argparse.Namespace) -> int:
     from agentrl.sandboxes.images import BASE_IMAGE, ImageBuildError, build_base_image
 
     try:
-        build_base_image(args.tag or BASE_IMAGE, force=args.force)
+        build_base_image(args.tag or BASE_IMAGE, mirror=args.mirror, force=args.force)
     except ImageBuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -351,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--tag", default=None, help="image tag (default agentrl/base:bookworm)")
     build.add_argument("--force", action="store_true", help="rebuild even when present")
+    build.add_argument(
+        "--mirror",
+        default=None,
+        help="Debian archive URL for debootstrap (default: $AGENTRL_DEBIAN_MIRROR, else apt's sources)",
+    )
     build.set_defaults(func=_sandbox_build)
     gc = sandbox_commands.add_parser("gc", help="remove sandbox containers whose creating process is gone")
     gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox container")

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
 from agentrl.trainer.build import Run
 from agentrl.trainer.evaluation import evaluate
+from agentrl.trajectory import STATUSES
 
 LINE_KEYS = (
     ("reward", "reward_mean"),
@@ -48,7 +50,9 @@ async def finish(run: Run) -> dict[str, Any]:
             summary[f"eval_after_{name}"] = evals_after[key]
     summary["seconds"] = time.monotonic() - run.started_at
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    curve = plot_curve(run.metrics.read(), cfg.run_dir / "curve.png", before, after)
+    curve = plot_curve(
+        run.metrics.read(), cfg.run_dir / "curve.png", before, after, n_eval=len(run.splits.held_out)
+    )
     run.store.close()
     run.metrics.close()
     await run.engine.close()
@@ -59,7 +63,13 @@ async def finish(run: Run) -> dict[str, Any]:
     return summary
 
 
-def plot_curve(records: list[dict[str, Any]], path, before: float, after: float) -> str | None:
+def plot_curve(
+    records: list[dict[str, Any]], path, before: float, after: float, n_eval: int = 0
+) -> str | None:
+    """Two panels over the policy updates done. Top: training success (the share of the iteration's
+    sampled episodes that succeed) and held-out success before RL, at every evaluation and after RL, with a band of
+    ±1 standard error from the number of held-out tasks (``n_eval``; none when 0). Bottom: how the
+    training episodes ended, as stacked shares of each iteration's episodes."""
     try:
         import matplotlib
 
@@ -68,15 +78,52 @@ def plot_curve(records: list[dict[str, Any]], path, before: float, after: float)
     except ImportError:
         return None
     its = [r["iteration"] for r in records]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(its, [r.get("reward_mean", 0) for r in records], label="train reward")
-    ax.plot(its, [r.get("success_rate", 0) for r in records], label="train success")
-    evals = [(r["iteration"], r["eval_success"]) for r in records if "eval_success" in r]
-    points = [(-1, before), *evals, (its[-1] if its else 0, after)]
-    ax.plot([p[0] for p in points], [p[1] for p in points], "o--", label="held-out success")
-    ax.set_xlabel("iteration")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(loc="lower right")
+    done = its[-1] + 1 if its else 0  # policy updates done by the end of the run
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8.4, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    )
+    top.plot(its, [r.get("success_rate", float("nan")) for r in records], ".-", label="training success")
+    # iteration i samples the policy after i updates; an evaluation in its record follows update i + 1
+    evals = {r["iteration"] + 1: r["eval_success"] for r in records if "eval_success" in r}
+    points = sorted({0: before, **evals, done: after}.items())
+    xs, ps = [x for x, _ in points], [p for _, p in points]
+    top.plot(
+        xs,
+        ps,
+        "o--",
+        color="C3",
+        label=f"held-out success ({n_eval} tasks, greedy)" if n_eval else "held-out success",
+    )
+    if n_eval:
+        se = [math.sqrt(max(p * (1 - p), 0.0) / n_eval) if p == p else float("nan") for p in ps]
+        top.fill_between(
+            xs,
+            [p - e for p, e in zip(ps, se, strict=True)],
+            [p + e for p, e in zip(ps, se, strict=True)],
+            color="C3",
+            alpha=0.18,
+            label="±1 s.e.",
+        )
+    top.set_ylim(-0.02, 1.02)
+    top.set_ylabel("success")
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    top.grid(alpha=0.3)
+    shares = {status: [] for status in STATUSES}
+    for r in records:
+        counts = r.get("statuses") or {}
+        total = sum(counts.values()) or 1
+        for status in STATUSES:
+            shares[status].append(counts.get(status, 0) / total)
+    base = [0.0] * len(its)
+    for i, status in enumerate(STATUSES):
+        if any(shares[status]):
+            bottom.bar(its, shares[status], bottom=base, width=0.8, color=f"C{i}", label=status)
+            base = [b + v for b, v in zip(base, shares[status], strict=True)]
+    bottom.set_ylim(0, 1)
+    bottom.set_ylabel("episodes")
+    bottom.set_xlabel("policy updates done (0: after the warm start)")
+    if records:
+        bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

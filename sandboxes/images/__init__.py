@@ -58,8 +58,20 @@ def image_present(client, tag: str) -> bool:
         return False
 
 
+MIRROR_ENV = "AGENTRL_DEBIAN_MIRROR"
+
+
 def debian_mirror() -> str:
-    """The Debian archive this machine's apt uses (its sources, one-line or deb822), for debootstrap."""
+    """The Debian archive for debootstrap: ``$AGENTRL_DEBIAN_MIRROR`` when set, else the one this
+    machine's apt uses (its sources, one-line or deb822)."""
+    override = os.environ.get(MIRROR_ENV, "").strip()
+    if override:
+        if "://" not in override:
+            raise ImageBuildError(
+                f"{MIRROR_ENV}={override!r} is not a URL; set it to a Debian archive such as "
+                "http://HOST/debian, or unset it to use apt's sources"
+            )
+        return override.rstrip("/")
     files = (
         [APT_SOURCES[0]] + sorted(APT_SOURCES[1].glob("*.list")) + sorted(APT_SOURCES[1].glob("*.sources"))
     )
@@ -80,8 +92,8 @@ def debian_mirror() -> str:
                 if uri.rstrip("/").endswith("/debian"):
                     return uri.rstrip("/")
     raise ImageBuildError(
-        "no Debian archive in this machine's apt sources (/etc/apt/sources.list[.d]); pass the mirror "
-        "to build_base_image(mirror=...) or add one to apt's sources"
+        "no Debian archive in this machine's apt sources (/etc/apt/sources.list[.d]); set "
+        f"{MIRROR_ENV}=URL, pass `agentrl sandbox build --mirror URL`, or add one to apt's sources"
     )
 
 

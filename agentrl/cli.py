@@ -404,7 +404,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="the reference of every field (docs/config.md)"
     )
     config.set_defaults(func=_config)
+    _plugin_commands(commands)
     return parser
+
+
+COMMANDS_GROUP = "agentrl.commands"
+
+
+def _plugin_commands(commands) -> None:
+    """Commands that installed packages add (entry points of the group ``agentrl.commands``: a
+    callable that adds its parsers to the subcommands, e.g. ``agentrl swe`` from the swe-v0
+    environment). One that fails to load is warned about and left out."""
+    import importlib.metadata
+    import warnings
+
+    for point in importlib.metadata.entry_points(group=COMMANDS_GROUP):
+        try:
+            point.load()(commands)
+        except Exception as e:
+            warnings.warn(
+                f"could not load the command plugin {point.name} ({point.value}): {e}", stacklevel=2
+            )
 
 
 def _failure(e: BaseException) -> str:

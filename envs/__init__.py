@@ -3,3 +3,4 @@
 from agentrl.env import register
 
 register("bugfix-v0", entry_point="agentrl.envs.bugfix:BugfixEnv")
+register("swe-v0", entry_point="agentrl.envs.swe:SweEnv")

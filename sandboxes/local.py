@@ -93,7 +93,13 @@ def bwrap_works() -> tuple[bool, str]:
         probe_argv = [path, "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc"]
     if not shutil.which("setpriv") and os.geteuid() == 0:
         return False, "setpriv (util-linux) is not installed, and bwrap as root needs it to drop to a user"
-    probe = subprocess.run([*probe_argv, "--dev", "/dev", "true"], capture_output=True, text=True)
+    for attempt in range(5):
+        probe = subprocess.run([*probe_argv, "--dev", "/dev", "true"], capture_output=True, text=True)
+        # A mount that appears or goes while bwrap re-mounts the host's tree read-only (a Docker
+        # container starting or stopping on this host) fails it once; the next try succeeds.
+        if probe.returncode == 0 or "Unable to apply mount flags" not in probe.stderr:
+            break
+        time.sleep(0.05 * (attempt + 1))
     if probe.returncode != 0:
         return False, f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
     return True, path

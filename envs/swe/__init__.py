@@ -1,0 +1,267 @@
+"""``swe-v0``: fix a bug in a real open-source Python library, graded by its hidden tests.
+
+Each task is a row of a dataset (``envs/swe/rows.py``): a released sdist, the diff that injects
+the bug, the issue text, the tests that must go from failing to passing (FAIL_TO_PASS) and those
+that must keep passing (PASS_TO_PASS). The agent's sandbox holds the starting tree in its
+workspace (``/testbed`` in Docker) as a git repository with one commit and nothing else: no other
+ref, no reflog, no remote, no caches, no ``*.egg-info``, the hidden test files removed. Tools:
+``bash``, ``str_replace_editor``, ``submit``. The submission is the workspace's ``git diff`` against
+that commit (untracked files included), graded in a fresh sandbox (``envs/swe/grading.py``) with
+swebench's own report: reward 1 iff resolved.
+
+Arguments (``env.args``): ``tasks`` (a .jsonl or .parquet file of rows; default the shipped set),
+``max_turns``, ``command_timeout``, ``grade_timeout``, ``partial_credit`` (reward the share of
+FAIL_TO_PASS that passes, off by default), ``on_no_tool_call`` (``remind`` or ``end``),
+``max_observation_chars``, ``sandbox_config`` (the sandbox backend's settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from agentrl.env import Demonstration, DemoTurn, Observation, StepResult, Task
+from agentrl.envs.swe import grading
+from agentrl.envs.swe.rows import SweRow, load_rows
+from agentrl.envs.swe.tree import trees
+from agentrl.sandbox import SandboxError, make_sandbox, resolve_kind
+from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
+
+SHIPPED = Path(__file__).parent / "tasks" / "tasks.jsonl"
+SYSTEM_PROMPT = (
+    "You are a careful software engineer. You work in a repository through tools: run shell commands "
+    "with `bash`, read and edit files with `str_replace_editor`, and call `submit` when you are done."
+)
+PROMPT = """The repository of {repo} {version} is in the current directory. A user reports:
+
+{problem}
+
+Fix the library's source so that the behaviour is correct. The tests that check this are not in the
+repository; do not add or edit tests. When you are done, call `submit`."""
+REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
+# One commit, no reflog, no remote, no hooks, nothing else git keeps: the fix cannot be recovered
+# from the repository (the tree is uploaded without a .git; the one the sandbox made is replaced).
+GIT_INIT = (
+    "rm -rf .git && git init -q -b main . && git add -A -f && "
+    "git -c user.name=agentrl -c user.email=agentrl@localhost commit -q --no-verify -m 'starting tree' && "
+    "rm -rf .git/logs .git/hooks .git/description .git/info/exclude .git/COMMIT_EDITMSG && "
+    "git rev-parse HEAD"
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _rows(path: str) -> tuple[SweRow, ...]:
+    return tuple(load_rows(path))
+
+
+class SweEnv:
+    """An ``AgentEnv``; one sandbox per episode, made at ``reset``; grading in a fresh one."""
+
+    deterministic = True
+
+    def __init__(
+        self,
+        sandbox: str = "auto",
+        sandbox_config: dict[str, Any] | None = None,
+        tasks: str | None = None,
+        max_turns: int = 30,
+        command_timeout: float = 120.0,
+        grade_timeout: float = 900.0,
+        partial_credit: bool = False,
+        on_no_tool_call: str = "remind",
+        max_observation_chars: int = 10_000,
+    ):
+        if on_no_tool_call not in ("end", "remind"):
+            raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1; got {max_turns}")
+        self.path = str(Path(tasks).resolve()) if tasks else str(SHIPPED)
+        self.rows = {row.instance_id: row for row in _rows(self.path)}
+        self.backend = resolve_kind(sandbox)
+        self.sandbox_config = dict(sandbox_config or {})
+        self.max_turns, self.command_timeout, self.grade_timeout = max_turns, command_timeout, grade_timeout
+        self.partial_credit, self.on_no_tool_call = bool(partial_credit), on_no_tool_call
+        self.max_observation_chars = max_observation_chars
+        self.tools = list(CODING_TOOLS)
+        self.sandbox = None
+        self.row: SweRow | None = None
+        self._tools: CodingTools | None = None
+        self._base = ""
+        self._turns, self._done = 0, False
+        self.last_grade: dict[str, Any] | None = None
+        self._disposing: set[asyncio.Task] = set()
+
+    # -- tasks --
+    def tasks(self, split: str) -> list[Task]:
+        splits = sorted({row.split for row in self.rows.values()})
+        if split not in splits:
+            raise ValueError(f"split {split!r} is not in {self.path}; its splits are {splits}")
+        return [Task(i, {"instance_id": i}) for i, row in self.rows.items() if row.split == split]
+
+    def row_of(self, task: Task) -> SweRow:
+        instance = task.data.get("instance_id", task.id)
+        if instance not in self.rows:
+            raise ValueError(f"task {instance!r} is not a row of {self.path}")
+        return self.rows[instance]
+
+    def demonstration(self, task: Task) -> Demonstration:
+        """The scripted expert: apply the gold patch with ``git apply`` through ``bash``, then submit."""
+        row = self.row_of(task)
+        patch = row.patch if row.patch.endswith("\n") else row.patch + "\n"
+        apply = ToolCall(
+            "bash", {"command": f"git apply - <<'AGENTRL_PATCH'\n{patch}AGENTRL_PATCH"}, id="call_0"
+        )
+        return Demonstration([DemoTurn([apply]), DemoTurn([ToolCall("submit", {}, id="call_0")])], reward=1.0)
+
+    def corpus(self) -> list[str]:
+        """Text for a tokenizer trained for this environment: tool specs, prompts and gold patches."""
+        texts = [json.dumps(t) for t in CODING_TOOLS]
+        for row in list(self.rows.values())[:64]:
+            texts += [self._prompt(row), row.patch]
+        return texts
+
+    def _prompt(self, row: SweRow) -> str:
+        return PROMPT.format(repo=row.repo, version=row.version, problem=row.problem_statement.strip())
+
+    def observation(self, task: Task) -> Observation:
+        row = self.row_of(task)
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": self._prompt(row)},
+        ]
+        return Observation(messages=messages, tools=list(self.tools))
+
+    # -- episode --
+    def _sandbox(self, row: SweRow):
+        config = dict(self.sandbox_config)
+        if self.backend == "docker":
+            config.setdefault("image", row.image)
+        return make_sandbox(self.backend, **config)
+
+    async def reset(self, task: Task) -> Observation:
+        await self._close_sandbox()
+        self.row = self.row_of(task)
+        _, agent_tree = await asyncio.to_thread(trees, self.row)
+        self.sandbox = self._sandbox(self.row)
+        await self.sandbox.start()
+        await self.sandbox.upload(str(agent_tree), self.sandbox.workdir)
+        setup = await self.sandbox.exec(GIT_INIT, timeout=120)
+        if setup.exit_code != 0:
+            raise RuntimeError(f"{self.row.instance_id}: workspace setup failed: {setup.output[-500:]}")
+        self._base = setup.output.split()[-1]
+        self._tools = CodingTools(
+            self.sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
+        )
+        self._turns, self._done, self.last_grade = 0, False, None
+        return self.observation(task)
+
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
+        if self.sandbox is None or self._done:
+            raise RuntimeError(
+                "step() called before reset() or after the episode ended; call reset(task) first"
+            )
+        self._turns += 1
+        observation, records, errors, submitted = [], [], 0, False
+        for call in tool_calls:
+            validate_call(call, self.tools)
+            record = {"name": call.name, "arguments": call.arguments, "id": call.id, "error": call.error}
+            if call.error:
+                errors += 1
+                output, exit_code = f"error: {call.error}", None
+            elif call.name == "submit":
+                submitted, output, exit_code = True, "submitted", 0
+            else:
+                result = await self._tools.run(call)
+                output, exit_code = result.output, result.exit_code
+                errors += int(result.error)
+                if result.sandbox_died:
+                    record.update(output=output, exit_code=exit_code)
+                    return await self._finish([*records, record], errors, "env_error")
+            record.update(output=output, exit_code=exit_code)
+            records.append(record)
+            observation.append(
+                {"role": "tool", "content": output, "name": call.name or "invalid", "tool_call_id": call.id}
+            )
+            if submitted:
+                break
+        if submitted:
+            return await self._finish(records, errors, "completed")
+        if not tool_calls:
+            if self.on_no_tool_call == "end":
+                return await self._finish(records, errors, "completed")
+            observation.append({"role": "user", "content": REMINDER})
+        if self._turns >= self.max_turns:
+            return await self._finish(records, errors, "max_turns")
+        return StepResult(observation, 0.0, False, {"tool_calls": records, "tool_call_errors": errors})
+
+    async def _finish(self, records, errors, status) -> StepResult:
+        self._done = True
+        fresh = self._fresh()  # starts while the episode's sandbox is read and closed
+        try:
+            patch = await self.sandbox.diff(self._base)
+        except SandboxError as e:
+            patch, error = None, f"the workspace could not be read: {e}"
+        await self._close_sandbox()  # every process the agent started goes with it, before grading
+        if patch is None:
+            self._dispose(fresh)
+            self.last_grade = {"instance_id": self.row.instance_id, "reward": 0.0, "error": error}
+        else:
+            await self.grade_patch(patch, fresh)
+        info = {"tool_calls": records, "tool_call_errors": errors, "status": status, "grade": self.last_grade}
+        return StepResult([], self.last_grade["reward"], True, info)
+
+    async def grade(self) -> float:
+        """Grade the workspace as it is now; the episode's sandbox stays."""
+        if self.sandbox is None or self.row is None:
+            raise RuntimeError("grade() needs a reset() first")
+        await self.grade_patch(await self.sandbox.diff(self._base))
+        return self.last_grade["reward"]
+
+    def _fresh(self):
+        sandbox = self._sandbox(self.row)
+        return sandbox, asyncio.ensure_future(sandbox.start())
+
+    def _dispose(self, fresh) -> None:
+        sandbox, starting = fresh
+
+        async def dispose() -> None:
+            await asyncio.gather(starting, return_exceptions=True)
+            await sandbox.close()
+
+        task = asyncio.ensure_future(dispose())
+        self._disposing.add(task)
+        task.add_done_callback(self._disposing.discard)
+
+    async def grade_patch(self, patch: str, fresh=None, row: SweRow | None = None) -> dict[str, Any]:
+        """Grade ``patch`` against ``row`` (the episode's by default) in a fresh sandbox; the report
+        is returned and kept as ``self.last_grade``."""
+        row = row or self.row
+        if row is None:
+            raise RuntimeError("grade_patch() needs a reset() first, or a row")
+        full_tree, _ = await asyncio.to_thread(trees, row)
+        if fresh is None:
+            sandbox = self._sandbox(row)
+            fresh = sandbox, asyncio.ensure_future(sandbox.start())
+        sandbox, starting = fresh
+        try:
+            await starting
+            report = await grading.grade(
+                sandbox, row, full_tree, patch, timeout=self.grade_timeout, partial_credit=self.partial_credit
+            )
+        finally:
+            self._dispose(fresh)
+        self.last_grade = report
+        return report
+
+    async def _close_sandbox(self) -> None:
+        if self.sandbox is not None:
+            sandbox, self.sandbox = self.sandbox, None
+            await sandbox.close()
+
+    async def close(self) -> None:
+        await self._close_sandbox()
+        while self._disposing:
+            await asyncio.gather(*self._disposing, return_exceptions=True)

@@ -1,0 +1,163 @@
+"""``agentrl swe``: check a task set (``validate``) and grade predictions in swebench's format
+(``grade``). Added to the ``agentrl`` command through the ``agentrl.commands`` entry point."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from agentrl.envs.swe.rows import RowError, SweRow
+
+CONFTEST_TAMPER = (
+    "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+    "@@ -0,0 +1,6 @@\n+import pytest\n+@pytest.hookimpl(hookwrapper=True)\n"
+    "+def pytest_runtest_makereport(item, call):\n+    out = yield\n+    report = out.get_result()\n"
+    '+    report.outcome = "passed"\n'
+)
+
+
+def add_commands(commands) -> None:
+    swe = commands.add_parser("swe", help="swe-v0 task sets: validate them, grade predictions")
+    actions = swe.add_subparsers(dest="swe_command", metavar="ACTION", required=True)
+    validate = actions.add_parser(
+        "validate", help="per row: gold resolves, an empty patch does not, a conftest tamper does not"
+    )
+    validate.add_argument("path", help="a .jsonl or .parquet file of swe-v0 rows")
+    validate.add_argument(
+        "--sample", type=int, default=0, help="rows to check, spread over the repos (0: all)"
+    )
+    validate.add_argument("--sandbox", choices=["auto", "docker", "local"], default="auto")
+    validate.add_argument("--concurrency", type=int, default=2)
+    validate.set_defaults(func=_validate)
+    grade = actions.add_parser(
+        "grade", help="grade predictions (instance_id, model_name_or_path, model_patch)"
+    )
+    grade.add_argument("path", help="the task rows")
+    grade.add_argument("--predictions", required=True, help="JSON lines of swebench-format predictions")
+    grade.add_argument("--report", default=None, help="write {instance_id: report} here as JSON")
+    grade.add_argument("--sandbox", choices=["auto", "docker", "local"], default="auto")
+    grade.add_argument("--concurrency", type=int, default=2)
+    grade.set_defaults(func=_grade)
+
+
+def sample(rows: list[SweRow], n: int) -> list[SweRow]:
+    """``n`` rows spread over the repos: round-robin over them, each repo's rows in file order."""
+    if n <= 0 or n >= len(rows):
+        return rows
+    by_repo: dict[str, list[SweRow]] = defaultdict(list)
+    for row in rows:
+        by_repo[row.repo].append(row)
+    picked, queues = [], [list(v) for _, v in sorted(by_repo.items())]
+    while len(picked) < n:
+        for queue in queues:
+            if queue and len(picked) < n:
+                picked.append(queue.pop(0))
+    return picked
+
+
+async def _grade_all(env, jobs: list[tuple[SweRow, str]], concurrency: int) -> list[dict]:
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(row: SweRow, patch: str) -> dict:
+        async with gate:
+            try:
+                report = await env.grade_patch(patch, row=row)
+            except (RowError, RuntimeError, OSError) as e:
+                report = {"instance_id": row.instance_id, "resolved": False, "reward": 0.0, "error": str(e)}
+            return report
+
+    try:
+        return await asyncio.gather(*(one(row, patch) for row, patch in jobs))
+    finally:
+        await env.close()
+
+
+def _env(path: str, sandbox: str):
+    from agentrl.envs.swe import SweEnv
+
+    return SweEnv(sandbox=sandbox, tasks=path)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        env = _env(args.path, args.sandbox)
+    except RowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = sample(list(env.rows.values()), args.sample)
+    checks = (
+        ("gold", lambda r: r.patch, True),
+        ("empty", lambda r: "", False),
+        ("tamper", lambda r: CONFTEST_TAMPER, False),
+    )
+    jobs = [(row, make(row)) for row in rows for _, make, _ in checks]
+    reports = asyncio.run(_grade_all(env, jobs, args.concurrency))
+    mismatches = 0
+    print("| instance | gold | empty | conftest tamper | ok |\n|---|---|---|---|---|")
+    for i, row in enumerate(rows):
+        got = [reports[3 * i + k]["resolved"] for k in range(3)]
+        ok = got == [want for _, _, want in checks]
+        mismatches += not ok
+        cells = " | ".join("resolved" if g else "not resolved" for g in got)
+        print(f"| {row.instance_id} | {cells} | {'yes' if ok else 'NO'} |")
+        if not ok:
+            for (name, _, _), report in zip(checks, reports[3 * i : 3 * i + 3], strict=True):
+                if "error" in report:
+                    print(f"    {name}: {report['error'][:300]}", file=sys.stderr)
+    print(f"{len(rows) - mismatches} of {len(rows)} rows as expected")
+    return 1 if mismatches else 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    try:
+        env = _env(args.path, args.sandbox)
+    except RowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    jobs = []
+    for n, line in enumerate(Path(args.predictions).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            prediction = json.loads(line)
+            instance, patch = prediction["instance_id"], prediction["model_patch"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            print(
+                f"error: {args.predictions}:{n}: not a prediction with instance_id and model_patch ({e})",
+                file=sys.stderr,
+            )
+            return 2
+        if instance not in env.rows:
+            print(
+                f"error: {args.predictions}:{n}: instance_id {instance!r} is not a row of {args.path}",
+                file=sys.stderr,
+            )
+            return 2
+        jobs.append((env.rows[instance], patch or ""))
+    reports = asyncio.run(_grade_all(env, jobs, args.concurrency))
+    print(
+        "| instance | resolved | F2P passed | P2P passed | applied by | dropped |\n|---|---|---|---|---|---|"
+    )
+    out = {}
+    for (row, _), report in zip(jobs, reports, strict=True):
+        status = report.get("tests_status", {})
+        f2p = len(status.get("FAIL_TO_PASS", {}).get("success", []))
+        p2p = len(status.get("PASS_TO_PASS", {}).get("success", []))
+        print(
+            f"| {row.instance_id} | {report['resolved']} | {f2p}/{len(row.FAIL_TO_PASS)} | "
+            f"{p2p}/{len(row.PASS_TO_PASS)} | {report.get('apply_method')} | {len(report.get('dropped_paths', []))} |"
+        )
+        out[row.instance_id] = {
+            k: report.get(k)
+            for k in ("resolved", "tests_status", "dropped_paths", "apply_method", "error")
+            if k in report
+        }
+    resolved = sum(r["resolved"] for r in reports)
+    print(f"resolved {resolved} of {len(reports)}")
+    if args.report:
+        Path(args.report).write_text(json.dumps(out, indent=2))
+    return 0

@@ -1,0 +1,258 @@
+"""Grading a ``swe-v0`` submission in a fresh sandbox, never the one the agent used.
+
+1. The full starting tree (pristine source + ``bug_patch``, hidden tests included) goes into the
+   fresh sandbox's workspace.
+2. The agent's diff is filtered to the package's non-test source (``agentrl.patches``): tests,
+   ``conftest.py``, test and build configuration, start-up hooks, anything at a hidden test path,
+   files outside the source directories and binary patches are dropped and listed in the report.
+3. It is applied with ``git apply``, else ``git apply --3way``, else ``patch --fuzz=2``; the
+   report says which worked. Then the row's ``test_patch``.
+4. ``test_cmd`` runs on the FAIL_TO_PASS and PASS_TO_PASS ids with a cleared environment (no
+   ``PYTEST_ADDOPTS``/``PYTEST_PLUGINS``/``PYTHONPATH``; ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``,
+   ``PYTHONHASHSEED=0``, ``TZ=UTC``), no bytecode written or read, under a timeout, with
+   ``--junitxml``. The log gets swebench's markers and the exit code.
+5. ``swebench.harness.grading.get_eval_report`` with the row's ``log_parser`` decides; the junit
+   report must agree (every graded test present and passed: a skipped or xfailed test is not a
+   pass), or the verdict is "not resolved" with the disagreeing ids in the report; so must the
+   exit code (0).
+
+The package's source runs inside the test process, so a fix could patch the runner itself; a kept
+patch whose added lines reach for it (``_pytest``, ``import pytest``, ``os._exit``, junit, forged
+``PASSED`` text) is graded but never rewarded (``runner_tamper`` in the report). A determined
+enough forgery in plain Python can still get past a static check: this is the limit of grading
+in-process test suites, as SWE-bench does.
+
+Reward 1 iff resolved; with ``partial_credit`` the share of FAIL_TO_PASS that passed (when every
+PASS_TO_PASS passed).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs.swe.rows import SweRow
+from agentrl.patches import filter_patch
+
+SUBMISSION = ".agentrl-submission.patch"
+TEST_PATCH = ".agentrl-test.patch"
+# the directories of a tree that hold the package's source (the agent may edit what is under them)
+NOT_SOURCE = ("tests", "test", "testing", "docs", "doc", "examples", "benchmarks", "ci", ".github")
+
+
+def source_dirs(tree: Path) -> list[str]:
+    """The package directories at the top of ``tree`` (and under ``src/``): what a fix may edit."""
+    found = []
+    for base in (tree, tree / "src"):
+        if not base.is_dir():
+            continue
+        for child in sorted(base.iterdir()):
+            if child.is_dir() and child.name not in NOT_SOURCE and (child / "__init__.py").is_file():
+                found.append(str(child.relative_to(tree)))
+    for module in sorted(tree.glob("*.py")):  # single-module distributions (e.g. parse.py, tabulate)
+        if module.name not in ("setup.py", "conftest.py", "noxfile.py") and not module.name.startswith(
+            "test"
+        ):
+            found.append(module.name)
+    return found
+
+
+# Added lines that reach into the test runner from the package's own source (imported by pytest,
+# so it runs in the test process): patching pytest, its junit writer or its exit code.
+RUNNER_TAMPER = re.compile(
+    r"\b_pytest\b|\bimport\s+pytest\b|\bfrom\s+pytest\b|\bpytest\.|\bos\._exit\b|\bjunitxml\b|PASSED|XFAIL"
+)
+
+
+def runner_tamper(patch: str) -> list[str]:
+    """The added lines of ``patch`` that touch the test runner (empty for an ordinary fix)."""
+    added = (line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    return [line.strip()[:200] for line in added if RUNNER_TAMPER.search(line)]
+
+
+def _apply_script(patch_file: str, marker: str) -> str:
+    """Try the three ways to apply, resetting the tree between them; prints ``marker METHOD``."""
+    reset = f"git reset -q --hard && git clean -fdxq -e {SUBMISSION} -e {TEST_PATCH}"
+    return (
+        f"if git apply --whitespace=nowarn {patch_file} 2>/dev/null; then echo {marker} apply; "
+        f"elif {reset} && git apply --3way --whitespace=nowarn {patch_file} 2>/dev/null "
+        f"&& ! git diff --name-only --diff-filter=U | grep -q .; then echo {marker} 3way; "
+        f"elif {reset} && patch -p1 --fuzz=2 --batch --forward --no-backup-if-mismatch "
+        f"-i {patch_file} >/dev/null 2>&1; then echo {marker} patch; "
+        f"else {reset}; echo {marker} failed; fi; rm -f {patch_file}"
+    )
+
+
+def junit_statuses(xml_text: str) -> dict[tuple[str, str], str]:
+    """(classname, name) -> passed | failed | error | skipped, from pytest's junit report."""
+    statuses: dict[tuple[str, str], str] = {}
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError:
+        return statuses
+    for case in root.iter("testcase"):
+        kinds = {child.tag for child in case}
+        status = (
+            "error"
+            if "error" in kinds
+            else "failed"
+            if "failure" in kinds
+            else "skipped"
+            if "skipped" in kinds
+            else "passed"
+        )
+        key = (case.get("classname", ""), case.get("name", ""))
+        if statuses.get(key) in ("failed", "error"):
+            continue  # a test reported twice (e.g. a failing subtest, then the test): failure wins
+        statuses[key] = status
+    return statuses
+
+
+def junit_key(node_id: str) -> tuple[str, str]:
+    """The (classname, name) pytest's junit report gives the test of ``node_id``."""
+    parts = node_id.split("::")
+    module = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
+    classname = ".".join([module.replace("/", "."), *parts[1:-1]])
+    return classname, parts[-1]
+
+
+def eval_script(row: SweRow, run: str) -> str:
+    """The script recorded with the test spec (what grading ran, for the report and swebench)."""
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            "cd /testbed",
+            f"git apply {SUBMISSION}  # the filtered submission (or --3way, or patch --fuzz=2)",
+            f"git apply {TEST_PATCH}" if row.test_patch.strip() else ": no test patch",
+            ": '>>>>> Start Test Output'",
+            run,
+            ": '>>>>> End Test Output'",
+        ]
+    )
+
+
+def test_command(row: SweRow, junit: str) -> str:
+    """The test run with a cleared environment; ``python`` is ``python3`` where only that exists."""
+    ids = " ".join(shlex.quote(t) for t in (*row.FAIL_TO_PASS, *row.PASS_TO_PASS))
+    clear = (
+        'env -i PATH="$PATH" HOME="$HOME" LANG=C.UTF-8 TZ=UTC PYTHONHASHSEED=0 '
+        "PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
+        '${TMPDIR:+TMPDIR="$TMPDIR"} '
+    )
+    return f"{clear}{row.test_cmd} --junitxml={junit} {ids}"
+
+
+async def grade(
+    sandbox,
+    row: SweRow,
+    full_tree: Path,
+    patch: str,
+    timeout: float = 600.0,
+    partial_credit: bool = False,
+) -> dict[str, Any]:
+    """Grade ``patch`` (the agent's ``git diff``) in ``sandbox`` (fresh, started); returns the report
+    (``reward``, ``resolved``, ``tests_status``, ``dropped_paths``, ``apply_method``, ...)."""
+    kept, dropped = filter_patch(patch, source_dirs(full_tree), row.hidden_tests)
+    report: dict[str, Any] = {
+        "instance_id": row.instance_id,
+        "resolved": False,
+        "reward": 0.0,
+        "dropped_paths": [f"{p} ({why})" for p, why in dropped],
+        "apply_method": None,
+    }
+    tamper = runner_tamper(kept)
+    if tamper:  # graded all the same (the report shows what the tests did), but never rewarded
+        report["runner_tamper"] = tamper
+    nonce = secrets.token_hex(8)
+    await sandbox.upload(str(full_tree), sandbox.workdir)
+    if kept:
+        await sandbox.write_file(SUBMISSION, kept)
+    if row.test_patch.strip():
+        await sandbox.write_file(TEST_PATCH, row.test_patch)
+    commit = (
+        f"git add -A -f -- . ':!{SUBMISSION}' ':!{TEST_PATCH}' && "
+        "git -c user.name=agentrl -c user.email=agentrl@localhost "
+        "commit -q --no-verify -m start >/dev/null"
+    )
+    steps = [f"{{ {commit}; }} || {{ echo {nonce}-SETUP failed; exit 3; }}"]
+    if kept:
+        steps.append(_apply_script(SUBMISSION, f"{nonce}-APPLY"))
+    if row.test_patch.strip():
+        steps.append(
+            f"git apply --whitespace=nowarn {TEST_PATCH} || {{ echo {nonce}-TESTPATCH failed; exit 3; }}; "
+            f"rm -f {TEST_PATCH}"
+        )
+    junit = f"/tmp/agentrl-junit-{nonce}.xml"
+    run = test_command(row, junit)
+    steps += [
+        "find . -name __pycache__ -prune -exec rm -rf {} +",
+        "command -v python >/dev/null || { mkdir -p /tmp/agentrl-bin && "
+        'ln -sf "$(command -v python3)" /tmp/agentrl-bin/python; PATH="/tmp/agentrl-bin:$PATH"; }',
+        f"echo {nonce}-START",
+        f"{run} 2>&1",
+        f"code=$?; echo; echo {nonce}-EXIT $code",
+        f"cat {junit} 2>/dev/null; rm -f {junit}",
+    ]
+    script = "\n".join(steps)
+    result = await sandbox.exec(script, timeout=timeout, output_cap=64 * 2**20)
+    output = result.output
+    if f"{nonce}-SETUP failed" in output or f"{nonce}-TESTPATCH failed" in output:
+        report["error"] = "the grading tree could not be set up: " + output[-500:]
+        return report
+    if kept:
+        method = (
+            output.split(f"{nonce}-APPLY ", 1)[-1].split("\n", 1)[0].strip()
+            if f"{nonce}-APPLY " in output
+            else "failed"
+        )
+        report["apply_method"] = method
+    if getattr(result, "timed_out", False) or f"{nonce}-EXIT" not in output:
+        report["error"] = (
+            f"the tests did not finish within {timeout:g} s"
+            if getattr(result, "timed_out", False)
+            else "the test run died: " + output[-500:]
+        )
+        report["log_tail"] = output[-2000:]
+        return report
+    before_exit, after_exit = output.rsplit(f"{nonce}-EXIT ", 1)
+    log = before_exit.split(f"{nonce}-START", 1)[-1]
+    code_text, _, junit_text = after_exit.partition("\n")
+    exit_code = int(code_text.strip()) if code_text.strip().lstrip("-").isdigit() else None
+    report["exit_code"] = exit_code
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
+    from swebench.harness.grading import get_eval_report
+    from swebench.harness.utils import make_test_spec
+
+    spec = make_test_spec(row.to_swebench(eval_script(row, run)))
+    with tempfile.TemporaryDirectory(prefix="agentrl-swe-grade-") as tmp:
+        log_path = Path(tmp) / "test_output.txt"
+        log_path.write_text(f"{START_TEST_OUTPUT}\n{log}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {exit_code}\n")
+        prediction = {"instance_id": row.instance_id, "model_name_or_path": "agentrl", "model_patch": kept}
+        swe = get_eval_report(spec, prediction, str(log_path), include_tests_status=True)[row.instance_id]
+    statuses = junit_statuses(junit_text)
+    graded = (*row.FAIL_TO_PASS, *row.PASS_TO_PASS)
+    junit_passed = {t: statuses.get(junit_key(t)) == "passed" for t in graded}
+    tests_status = swe.get("tests_status", {})
+    log_passed = set()
+    for kind in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        log_passed |= set(tests_status.get(kind, {}).get("success", []))
+    disagree = sorted(t for t in graded if (t in log_passed) != junit_passed[t])
+    resolved = bool(swe.get("resolved")) and not disagree and exit_code == 0 and not tamper
+    report.update(
+        resolved=resolved,
+        tests_status=tests_status,
+        junit_disagrees=disagree,
+        log_tail=log[-2000:],
+    )
+    if resolved:
+        report["reward"] = 1.0
+    elif partial_credit and not tamper and all(junit_passed[t] and t in log_passed for t in row.PASS_TO_PASS):
+        passed = sum(junit_passed[t] and t in log_passed for t in row.FAIL_TO_PASS)
+        report["reward"] = passed / len(row.FAIL_TO_PASS)
+    return report

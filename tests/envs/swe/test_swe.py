@@ -1,0 +1,298 @@
+"""swe-v0 on a hand-written row (the row format is the contract): rows are checked field by field,
+the agent's workspace holds the starting tree and nothing to recover the fix from, and grading in
+a fresh sandbox with swebench's report rewards the gold patch and nothing else. The reward hacks
+run for real through the tools, on bubblewrap and on Docker."""
+
+import asyncio
+import json
+
+import pytest
+
+from agentrl.envs.swe import SweEnv
+from agentrl.envs.swe.grading import junit_key, runner_tamper, source_dirs
+from agentrl.envs.swe.rows import RowError, load_rows
+from agentrl.tools import ToolCall
+from tests.conftest import require_docker
+from tests.envs.swe.fixture import make_sdist, row, write_rows
+
+
+@pytest.fixture
+def dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    _, sha = make_sdist(tmp_path)
+    return tmp_path, sha
+
+
+@pytest.fixture(params=["local", "docker"])
+def backend(request):
+    if request.param == "docker":
+        require_docker()
+    return request.param
+
+
+def bash(command: str) -> ToolCall:
+    return ToolCall("bash", {"command": command}, id="call_0")
+
+
+SUBMIT = ToolCall("submit", {}, id="call_0")
+
+
+def episode(env: SweEnv, *turns: list[ToolCall]):
+    """Play ``turns`` then submit; returns (reward, grade report, the tools' outputs)."""
+
+    async def go():
+        task = env.tasks("train")[0]
+        await env.reset(task)
+        outputs = []
+        try:
+            for calls in turns:
+                result = await env.step(calls)
+                outputs += [m["content"] for m in result.observation]
+            result = await env.step([SUBMIT])
+            return result.reward, result.info["grade"], outputs
+        finally:
+            await env.close()
+
+    return asyncio.run(go())
+
+
+# -- rows --
+
+
+def test_a_hand_written_row_loads(dataset):
+    folder, sha = dataset
+    (r,) = load_rows(write_rows(folder, [row(sha)]))
+    assert r.PASS_TO_PASS == (
+        "tests/test_clamp.py::test_inside",
+        "tests/test_clamp.py::test_below",
+    )  # from JSON text
+    assert r.sdist == (folder / "sources/mini-1.0.tar.gz").resolve() and r.hidden_tests == (
+        "tests/test_add.py",
+    )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"patch": None}, r"row 0 \(pypi__mini-1.0__add\): missing field\(s\) patch"),
+        ({"FAIL_TO_PASS": "[not json"}, r"field 'FAIL_TO_PASS' is a string but not a JSON list"),
+        ({"FAIL_TO_PASS": []}, r"field 'FAIL_TO_PASS' is empty"),
+        ({"eval_type": "fail_only"}, r"field 'eval_type' is 'fail_only'"),
+        ({"hidden_tests": ["../etc/passwd"]}, r"field 'hidden_tests' holds '../etc/passwd'"),
+        ({"source": {"sdist": "x.tar.gz", "sha256": "abc"}}, r"field 'source.sha256' must be 64"),
+    ],
+)
+def test_a_bad_row_is_named_by_instance_and_field(dataset, change, message):
+    folder, sha = dataset
+    with pytest.raises(RowError, match=message):
+        load_rows(write_rows(folder, [row(sha, **change)]))
+
+
+def test_a_wrong_hash_stops_with_both_hashes(dataset):
+    folder, sha = dataset
+    wrong = "0" * 64
+    env = SweEnv(sandbox="local", tasks=str(write_rows(folder, [row(wrong)])))
+    with pytest.raises(RowError, match=f"has sha256 {sha}, but the row says {wrong}"):
+        asyncio.run(env.reset(env.tasks("train")[0]))
+
+
+def test_duplicate_ids_and_unknown_splits_stop(dataset):
+    folder, sha = dataset
+    with pytest.raises(RowError, match="appears twice"):
+        load_rows(write_rows(folder, [row(sha), row(sha)]))
+    env = SweEnv(sandbox="local", tasks=str(write_rows(folder, [row(sha)])))
+    with pytest.raises(ValueError, match=r"split 'test' is not in .*its splits are \['train'\]"):
+        env.tasks("test")
+
+
+def test_grading_helpers(dataset):
+    assert junit_key("tests/test_x.py::TestA::test_b[1-2]") == ("tests.test_x.TestA", "test_b[1-2]")
+    assert runner_tamper("+++ b/x.py\n+import _pytest.python\n+x = 1\n") == ["import _pytest.python"]
+    assert runner_tamper("+++ b/x.py\n+def add(a, b):\n+    return a + b\n") == []
+
+
+# -- the workspace and grading, on both sandboxes --
+
+
+def test_workspace_holds_the_starting_tree_and_nothing_to_recover_the_fix_from(dataset, backend):
+    folder, sha = dataset
+    env = SweEnv(sandbox=backend, tasks=str(write_rows(folder, [row(sha)])))
+    probe = (
+        "git rev-list --all | wc -l; git for-each-ref --format='%(refname)'; git reflog | wc -l; "
+        "git remote | wc -l; git stash list | wc -l; ls tests; "
+        "find . -name __pycache__ -o -name '*.egg-info' | wc -l; "
+        "git cat-file --batch-all-objects --batch | grep -c 'return a + b'; "
+        "grep -rl 'return a + b' / --include=ops.py 2>/dev/null | grep -v '^/proc' | wc -l"
+    )
+    reward, grade, outputs = episode(env, [bash(probe)])
+    lines = outputs[0].split("\n")
+    assert lines[:7] == ["1", "refs/heads/main", "0", "0", "0", "__init__.py", "test_clamp.py"], outputs[0]
+    assert lines[7:10] == ["0", "0", "0"], outputs[0]  # no cache; no pristine line in git or on disk
+    assert reward == 0.0 and not grade["resolved"]
+
+
+def test_the_gold_patch_through_the_tools_earns_1(dataset, backend):
+    folder, sha = dataset
+    env = SweEnv(sandbox=backend, tasks=str(write_rows(folder, [row(sha)])))
+    demo = env.demonstration(env.tasks("train")[0])
+    reward, grade, _ = episode(env, demo.turns[0].calls)
+    assert reward == 1.0 and grade["resolved"] and grade["apply_method"] == "apply", grade
+    assert grade["tests_status"]["FAIL_TO_PASS"]["success"] == [
+        "tests/test_add.py::test_add",
+        "tests/test_add.py::test_add_negative",
+    ]
+    assert grade["junit_disagrees"] == [] and grade["dropped_paths"] == []
+
+
+FORGED = (
+    "import sys\\n"
+    "for t in ('tests/test_add.py::test_add', 'tests/test_add.py::test_add_negative'):\\n"
+    "    print('PASSED', t)\\n"
+)
+HACKS = {
+    "write the hidden test file": [
+        bash(
+            "printf 'def test_add():\\n    pass\\n\\ndef test_add_negative():\\n    pass\\n' > tests/test_add.py"
+        )
+    ],
+    "delete the tests": [bash("rm -rf tests")],
+    "a conftest hook that rewrites failures": [
+        bash(
+            "printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, call):\\n"
+            '    out = yield\\n    r = out.get_result()\\n    r.outcome = "passed"\\n\' > conftest.py'
+        )
+    ],
+    "xfail from a conftest": [
+        bash(
+            "printf 'import pytest\\ndef pytest_collection_modifyitems(items):\\n    [i.add_marker(pytest.mark.xfail) for i in items]\\n' > mini/conftest.py"
+        )
+    ],
+    "addopts and a plugin from config files": [
+        bash(
+            "printf '[tool:pytest]\\naddopts = -p no:python\\n' > setup.cfg; printf '[pytest]\\naddopts = --co\\n' > pytest.ini"
+        )
+    ],
+    "a .pth and sitecustomize in the tree": [
+        bash(
+            "echo 'import os; os._exit(0)' > mini/x.pth; printf 'import os\\nos._exit(0)\\n' > sitecustomize.py"
+        )
+    ],
+    "forged PASSED lines printed at import": [bash(f"printf '{FORGED}' >> mini/__init__.py")],
+    "os._exit(0) at import": [bash("printf 'import os\\nos._exit(0)\\n' >> mini/__init__.py")],
+    "pytest patched from the package": [
+        bash(
+            "printf 'import _pytest.python\\n_pytest.python.Function.runtest = lambda self: None\\n' >> mini/__init__.py"
+        )
+    ],
+    "site-packages edited": [
+        bash(
+            "for d in $(python3 -c 'import site, sys; print(\" \".join(site.getsitepackages()))'); do "
+            "echo 'import os; os._exit(0)' > $d/agentrl_hack.pth; done; true"
+        )
+    ],
+}
+
+
+@pytest.mark.parametrize("hack", list(HACKS))
+def test_reward_hacks_earn_nothing(dataset, backend, hack):
+    folder, sha = dataset
+    env = SweEnv(sandbox=backend, tasks=str(write_rows(folder, [row(sha)])))
+    reward, grade, _ = episode(env, HACKS[hack])
+    assert reward == 0.0 and not grade["resolved"], grade
+
+
+def test_a_file_at_a_hidden_path_is_dropped_and_listed(dataset):
+    folder, sha = dataset
+    env = SweEnv(sandbox="local", tasks=str(write_rows(folder, [row(sha)])))
+    _, grade, _ = episode(env, HACKS["write the hidden test file"])
+    assert grade["dropped_paths"] == ["tests/test_add.py (a hidden test path)"]
+
+
+def test_partial_credit_is_off_by_default_and_counts_f2p_when_on(dataset):
+    folder, sha = dataset
+    half = "printf 'def add(a, b):\\n    return a + b if a > 0 else a - b\\n' > /dev/null; sed -i 's/return a - b/return a + b if a > 0 else a - b/' mini/ops.py"
+    rows = write_rows(folder, [row(sha)])
+    reward, grade, _ = episode(SweEnv(sandbox="local", tasks=str(rows)), [bash(half)])
+    assert reward == 0.0 and grade["tests_status"]["FAIL_TO_PASS"]["success"] == [
+        "tests/test_add.py::test_add"
+    ]
+    reward, _, _ = episode(SweEnv(sandbox="local", tasks=str(rows), partial_credit=True), [bash(half)])
+    assert reward == 0.5
+
+
+def test_source_dirs_are_the_packages_and_top_level_modules(tmp_path):
+    for path in (
+        "pkg/__init__.py",
+        "src/other/__init__.py",
+        "tests/__init__.py",
+        "single.py",
+        "setup.py",
+        "docs/x.py",
+    ):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert source_dirs(tmp_path) == ["pkg", "src/other", "single.py"]
+
+
+def test_rows_with_json_string_fields_match_list_fields(dataset):
+    folder, sha = dataset
+    text = row(
+        sha,
+        FAIL_TO_PASS=json.dumps(["tests/test_add.py::test_add"]),
+        hidden_tests=json.dumps(["tests/test_add.py"]),
+    )
+    (r,) = load_rows(write_rows(folder, [text]))
+    assert r.FAIL_TO_PASS == ("tests/test_add.py::test_add",)
+
+
+# -- agentrl swe validate / grade --
+
+
+def test_swe_validate_and_grade_commands(dataset, capsys):
+    from agentrl.cli import main
+
+    folder, sha = dataset
+    rows = write_rows(folder, [row(sha), row(sha, instance_id="wrong-gold", patch=row(sha)["bug_patch"])])
+    assert main(["swe", "validate", str(rows), "--sandbox", "local"]) == 1  # the second row's gold is wrong
+    out = capsys.readouterr().out
+    assert "| pypi__mini-1.0__add | resolved | not resolved | not resolved | yes |" in out
+    assert "| wrong-gold | not resolved | not resolved | not resolved | NO |" in out
+    predictions = folder / "preds.jsonl"
+    predictions.write_text(
+        json.dumps(
+            {
+                "instance_id": "pypi__mini-1.0__add",
+                "model_name_or_path": "m",
+                "model_patch": row(sha)["patch"],
+            }
+        )
+        + "\n"
+        + json.dumps({"instance_id": "wrong-gold", "model_name_or_path": "m", "model_patch": ""})
+        + "\n"
+    )
+    report = folder / "report.json"
+    assert (
+        main(
+            [
+                "swe",
+                "grade",
+                str(rows),
+                "--predictions",
+                str(predictions),
+                "--report",
+                str(report),
+                "--sandbox",
+                "local",
+            ]
+        )
+        == 0
+    )
+    graded = json.loads(report.read_text())
+    assert (
+        graded["pypi__mini-1.0__add"]["resolved"] is True
+        and graded["pypi__mini-1.0__add"]["apply_method"] == "apply"
+    )
+    assert graded["wrong-gold"]["resolved"] is False
+    predictions.write_text(json.dumps({"instance_id": "nope", "model_patch": ""}) + "\n")
+    assert main(["swe", "grade", str(rows), "--predictions", str(predictions), "--sandbox", "local"]) == 2
+    assert "instance_id 'nope' is not a row of" in capsys.readouterr().err

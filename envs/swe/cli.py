@@ -21,7 +21,7 @@ CONFTEST_TAMPER = (
 
 
 def add_commands(commands) -> None:
-    swe = commands.add_parser("swe", help="swe-v0 task sets: validate them, grade predictions")
+    swe = commands.add_parser("swe", help="swe-v0 task sets: build, validate, grade predictions")
     actions = swe.add_subparsers(dest="swe_command", metavar="ACTION", required=True)
     validate = actions.add_parser(
         "validate", help="per row: gold resolves, an empty patch does not, a conftest tamper does not"
@@ -33,6 +33,20 @@ def add_commands(commands) -> None:
     validate.add_argument("--sandbox", choices=["auto", "docker", "local"], default="auto")
     validate.add_argument("--concurrency", type=int, default=2)
     validate.set_defaults(func=_validate)
+    build = actions.add_parser(
+        "build", help="build tasks from a released sdist by injecting one bug at a time"
+    )
+    build.add_argument("--package", required=True, help="NAME==VERSION, e.g. toolz==1.2.0")
+    build.add_argument(
+        "--sdist",
+        default=None,
+        help="the archive (default: envs/swe/sources/NAME-VERSION.tar.gz, as shipped)",
+    )
+    build.add_argument("--max-tasks", type=int, default=25)
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--split", default="train")
+    build.add_argument("--out", required=True, help="folder; the rows go to OUT/tasks.jsonl")
+    build.set_defaults(func=_build)
     grade = actions.add_parser(
         "grade", help="grade predictions (instance_id, model_name_or_path, model_patch)"
     )
@@ -161,3 +175,47 @@ def _grade(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).write_text(json.dumps(out, indent=2))
     return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from agentrl.envs.swe.build import build, write
+
+    name, _, version = args.package.partition("==")
+    if not name or not version:
+        print(f"error: --package {args.package!r} must be NAME==VERSION, e.g. toolz==1.2.0", file=sys.stderr)
+        return 2
+    shipped = Path(__file__).parent / "sources"
+    sdist = (
+        Path(args.sdist)
+        if args.sdist
+        else next(
+            (
+                p
+                for p in sorted(shipped.glob("*.tar.gz"))
+                if p.name.lower().replace("_", "-") == f"{name}-{version}.tar.gz".lower().replace("_", "-")
+            ),
+            None,
+        )
+    )
+    if sdist is None or not sdist.is_file():
+        print(
+            f"error: no sdist of {args.package} (looked in {shipped}); download one with "
+            f"`pip download --no-deps --no-binary :all: {args.package}` and pass --sdist PATH",
+            file=sys.stderr,
+        )
+        return 2
+    out = Path(args.out)
+    rows = build(
+        sdist.resolve(),
+        name,
+        version,
+        out_dir=out.resolve(),
+        max_tasks=args.max_tasks,
+        seed=args.seed,
+        split=args.split,
+    )
+    write(rows, out / "tasks.jsonl")
+    print(
+        f"{len(rows)} tasks of {args.package} in {out / 'tasks.jsonl'}; check them with `agentrl swe validate`"
+    )
+    return 0 if rows else 1

@@ -317,9 +317,15 @@ def _eval(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
-        result = _run(evaluate_weights(cfg))
+        result = _run(evaluate_weights(cfg, store_dir=args.store))
     except ConfigError as e:
         return _error(e)
+    for key in sorted(result):
+        if key.startswith("eval_pass_at_") and not key.endswith("_ci95") and f"{key}_ci95" in result:
+            k = key.removeprefix("eval_pass_at_")
+            print(f"pass@{k} {result[key]:.3f} ± {result[f'{key}_ci95']:.3f} (95 % interval over tasks)")
+    if args.store:
+        print(f"episodes stored in {args.store}")
     print(json.dumps({"model.init": cfg.model.init, **result}))
     return 0
 
@@ -393,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "overrides", nargs="*", help="key.sub=value overrides, e.g. model.init=... metrics.eval_samples=4"
     )
+    evaluate.add_argument("--store", default=None, help="keep every episode in a trajectory store here")
     evaluate.set_defaults(func=_eval)
 
     config = commands.add_parser(

@@ -45,6 +45,13 @@ def add_commands(commands) -> None:
     build.add_argument("--max-tasks", type=int, default=25)
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--split", default="train")
+    build.add_argument(
+        "--sandbox",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "docker", "local"],
+        help="backends whose pristine runs must all pass a test, and where each row is validated (the first runs the mutants)",
+    )
     build.add_argument("--out", required=True, help="folder; the rows go to OUT/tasks.jsonl")
     build.set_defaults(func=_build)
     grade = actions.add_parser(
@@ -213,6 +220,7 @@ def _build(args: argparse.Namespace) -> int:
         max_tasks=args.max_tasks,
         seed=args.seed,
         split=args.split,
+        sandboxes=args.sandbox,
     )
     write(rows, out / "tasks.jsonl")
     print(

@@ -137,15 +137,24 @@ def eval_script(row: SweRow, run: str) -> str:
     )
 
 
+# A cleared environment for a test run: no PYTEST_ADDOPTS, PYTEST_PLUGINS or PYTHONPATH, no plugin
+# found by entry point, no user site, no bytecode written, a fixed hash seed and time zone.
+CLEAR_ENV = (
+    'env -i PATH="$PATH" HOME="$HOME" LANG=C.UTF-8 TZ=UTC PYTHONHASHSEED=0 '
+    "PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
+    '${TMPDIR:+TMPDIR="$TMPDIR"} '
+)
+# Where a sandbox has python3 but no python (Debian's image), python is python3.
+PYTHON_SHIM = (
+    "command -v python >/dev/null || { mkdir -p /tmp/agentrl-bin && "
+    'ln -sf "$(command -v python3)" /tmp/agentrl-bin/python; PATH="/tmp/agentrl-bin:$PATH"; }'
+)
+
+
 def test_command(row: SweRow, junit: str) -> str:
-    """The test run with a cleared environment; ``python`` is ``python3`` where only that exists."""
+    """The test run on the row's ids with a cleared environment and a junit report."""
     ids = " ".join(shlex.quote(t) for t in (*row.FAIL_TO_PASS, *row.PASS_TO_PASS))
-    clear = (
-        'env -i PATH="$PATH" HOME="$HOME" LANG=C.UTF-8 TZ=UTC PYTHONHASHSEED=0 '
-        "PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
-        '${TMPDIR:+TMPDIR="$TMPDIR"} '
-    )
-    return f"{clear}{row.test_cmd} --junitxml={junit} {ids}"
+    return f"{CLEAR_ENV}{row.test_cmd} --junitxml={junit} {ids}"
 
 
 async def grade(
@@ -192,8 +201,7 @@ async def grade(
     run = test_command(row, junit)
     steps += [
         "find . -name __pycache__ -prune -exec rm -rf {} +",
-        "command -v python >/dev/null || { mkdir -p /tmp/agentrl-bin && "
-        'ln -sf "$(command -v python3)" /tmp/agentrl-bin/python; PATH="/tmp/agentrl-bin:$PATH"; }',
+        PYTHON_SHIM,
         f"echo {nonce}-START",
         f"{run} 2>&1",
         f"code=$?; echo; echo {nonce}-EXIT $code",

@@ -17,6 +17,7 @@ import torch
 from agentrl.config import TrainConfig, load_config
 from agentrl.env import register
 from agentrl.models import tiny_chat_model
+from agentrl.store import TrajectoryStore
 from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trainer.checkpoint import Checkpoints
 from agentrl.trainer.phases import token_weights
@@ -69,7 +70,29 @@ def test_ppo_learns_the_one_right_answer_within_50_iterations(tmp_path, capsys):
         scores[init] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert scores[None]["eval_success"] == 0.0 and scores[latest]["eval_success"] == 1.0, scores
     assert scores[latest]["eval_success_sampled"] > scores[None]["eval_success_sampled"], scores
-    assert not (tmp_path / "toy-eval").exists()  # eval writes nothing
+    assert not (tmp_path / "toy-eval").exists()  # eval writes nothing unless asked to store
+    late = scores[latest]
+    assert late["eval_pass_at_1"] == pytest.approx(late["eval_success_sampled"])  # the same estimate
+    assert late["eval_pass_at_4"] == pytest.approx(late["eval_pass_at_n"])
+    assert 0.0 <= late["eval_pass_at_1_ci95"] <= 1.0
+    store = tmp_path / "eval-store"
+    assert (
+        cli(
+            [
+                "eval",
+                str(recipe),
+                *TOY,
+                "metrics.eval_samples=4",
+                f"model.init={latest}",
+                "--store",
+                str(store),
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "pass@1 " in printed and "pass@4 " in printed and "(95 % interval over tasks)" in printed
+    assert len(TrajectoryStore(store)) == 8 * (1 + 4)  # env.eval_tasks=8: greedy, then 4 samples each
     assert cli(["eval", str(recipe), *TOY, f"model.init={tmp_path / 'nowhere'}"]) == 2
     assert "model.init: cannot load" in capsys.readouterr().err
 

@@ -15,8 +15,26 @@ def test_build_is_deterministic_and_its_rows_validate(tmp_path, monkeypatch, cap
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
     sdist, _ = make_sdist(tmp_path)
     # the fixture's suite has 4 tests: let a bug fail up to all but one of them
-    first = build(sdist, "mini", "1.0", out_dir=tmp_path, max_tasks=3, max_f2p_share=0.75, log=lambda _: None)
-    again = build(sdist, "mini", "1.0", out_dir=tmp_path, max_tasks=3, max_f2p_share=0.75, log=lambda _: None)
+    first = build(
+        sdist,
+        "mini",
+        "1.0",
+        out_dir=tmp_path,
+        max_tasks=3,
+        max_f2p_share=0.75,
+        sandboxes=("local",),
+        log=lambda _: None,
+    )
+    again = build(
+        sdist,
+        "mini",
+        "1.0",
+        out_dir=tmp_path,
+        max_tasks=3,
+        max_f2p_share=0.75,
+        sandboxes=("local",),
+        log=lambda _: None,
+    )
     assert first == again and 1 <= len(first) <= 3
     for row in first:
         assert (

@@ -1,0 +1,74 @@
+"""The shipped task set (``envs/swe/tasks/tasks.jsonl``): which packages, in which split, and how it
+is rebuilt. Held-out success measures transfer: the ``test`` split's packages are not in ``train``.
+
+    .venv/bin/python -m agentrl.envs.swe.shipped [--only toolz] [--sandbox local docker]
+
+rebuilds it from the sdists vendored in ``envs/swe/sources/`` (each with its license); the same
+sdists, seed and backends give the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from agentrl.envs.swe.build import build, write
+
+HERE = Path(__file__).parent
+TASKS = HERE / "tasks" / "tasks.jsonl"
+# (name, version, archive, split, extra pytest arguments for every run of its suite)
+PACKAGES = (
+    ("boltons", "26.2.0", "boltons-26.2.0.tar.gz", "train", ""),
+    ("toolz", "1.2.0", "toolz-1.2.0.tar.gz", "train", ""),
+    ("cachetools", "8.0.2", "cachetools-8.0.2.tar.gz", "train", ""),
+    ("more-itertools", "11.2.1", "more_itertools-11.2.1.tar.gz", "train", ""),
+    ("click", "8.5.1", "click-8.5.1.tar.gz", "train", "-m 'not stress'"),
+    ("parse", "1.22.4", "parse-1.22.4.tar.gz", "test", ""),
+    ("tabulate", "0.10.0", "tabulate-0.10.0.tar.gz", "test", ""),
+    ("voluptuous", "0.16.0", "voluptuous-0.16.0.tar.gz", "test", ""),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="rebuild these packages, keep the others' rows"
+    )
+    parser.add_argument("--max-tasks", type=int, default=25)
+    parser.add_argument(
+        "--sandbox", nargs="+", default=["local", "docker"], choices=["auto", "docker", "local"]
+    )
+    args = parser.parse_args(argv)
+    old = [json.loads(line) for line in TASKS.read_text().splitlines()] if TASKS.exists() else []
+    rows = []
+
+    def old_rows(name: str) -> list[dict]:
+        return [r for r in old if r["repo"] == f"pypi/{name}"]
+
+    for i, (name, version, archive, split, extra) in enumerate(PACKAGES):
+        if args.only is not None and name not in args.only:
+            rows += old_rows(name)
+            continue
+        rows += build(
+            HERE / "sources" / archive,
+            name,
+            version,
+            out_dir=TASKS.parent,
+            max_tasks=args.max_tasks,
+            split=split,
+            sandboxes=args.sandbox,
+            test_args=extra,
+        )
+        # after each package, so that a long rebuild cut short keeps what it has done
+        write(rows + [r for later in PACKAGES[i + 1 :] for r in old_rows(later[0])], TASKS)
+    write(rows, TASKS)
+    counts = {name: sum(r["repo"] == f"pypi/{name}" for r in rows) for name, *_ in PACKAGES}
+    print(f"{len(rows)} tasks in {TASKS}: {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

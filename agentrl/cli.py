@@ -197,22 +197,30 @@ def _sandbox_gc(args: argparse.Namespace) -> int:
     from agentrl.sandbox import SandboxError
     from agentrl.sandboxes.docker import gc
 
-    try:
-        removed = gc(everything=args.all, run=args.run)
-    except SandboxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    for short_id, reason in removed:
-        print(f"removed {short_id} ({reason})")
+    removed, failed = [], 0
+    for host in args.host or [None]:
+        try:
+            here = gc(everything=args.all, run=args.run, docker_host=host)
+        except SandboxError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        where = f" on {host}" if host else ""
+        for short_id, reason in here:
+            print(f"removed {short_id}{where} ({reason})")
+        removed += here
     print(f"{len(removed)} sandbox container(s) removed")
-    return 0
+    return 1 if failed else 0
 
 
 def _sandbox_doctor(args: argparse.Namespace) -> int:
     from agentrl.sandboxes.docker import doctor
     from agentrl.sandboxes.local import bwrap_works
 
-    checks = doctor()
+    checks = []
+    for host in args.host or [None]:
+        here = doctor(docker_host=host)
+        checks += [(f"{name} ({host})" if host else name, good, text) for name, good, text in here]
     ok, detail = bwrap_works()
     checks.append(("bubblewrap (local backend)", ok, detail if not ok else f"works ({detail})"))
     for name, good, text in checks:
@@ -366,9 +374,21 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sandbox_commands.add_parser("gc", help="remove sandbox containers whose creating process is gone")
     gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox container")
     gc.add_argument("--run", default=None, help="remove every container of this run id")
+    gc.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help="a Docker daemon URL; repeat for each host (default: the local one)",
+    )
     gc.set_defaults(func=_sandbox_gc)
     doc = sandbox_commands.add_parser(
         "doctor", help="which sandbox backends work here, and how to fix those that do not"
+    )
+    doc.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help="a Docker daemon URL; repeat for each host (default: the local one)",
     )
     doc.set_defaults(func=_sandbox_doctor)
 

@@ -74,10 +74,30 @@ class EnvConfig(Section):
     N of ``eval_split``; None: 32, or all when the split holds fewer. 0: no evaluation."""
 
 
+class DockerHostsConfig(Section):
+    hosts: list[str] = Field(default_factory=list)
+    """Docker daemons to spread sandboxes over (``unix:///var/run/docker.sock``, ``ssh://user@host``,
+    ``tcp://host:2376``): each sandbox starts on the one with the fewest of this run's sandboxes, and
+    a daemon that fails its health check is skipped and tried again later. Empty: the local daemon
+    (or ``DOCKER_HOST``)."""
+
+    @field_validator("hosts")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        bad = [h for h in value if "://" not in h]
+        if bad:
+            raise ValueError(
+                f"sandbox.docker.hosts needs daemon URLs like unix:///var/run/docker.sock; got {bad}"
+            )
+        return value
+
+
 class SandboxConfig(Section):
     kind: str = "auto"
     """Where agent commands run: ``docker``, ``local`` (bubblewrap), or ``auto`` (Docker when an engine
     with the base image answers, else bubblewrap, else an error naming the opt-in for none)."""
+    docker: DockerHostsConfig = Field(default_factory=DockerHostsConfig)
+    """Settings of the Docker backend for every sandbox of the run."""
 
     @field_validator("kind")
     @classmethod
@@ -375,10 +395,16 @@ def reference() -> str:
         model = section.annotation
         out += ["", f"## `{name}`", "", cell(section.description or ""), ""]
         out += ["| field | type | default | description |", "|---|---|---|---|"]
-        for field_name, field in model.model_fields.items():
+        rows = [(f"{name}.{k}", f) for k, f in model.model_fields.items()]
+        while rows:
+            key, field = rows.pop(0)
+            if isinstance(field.annotation, type) and issubclass(field.annotation, Section):
+                # a nested section: its own fields, under its key
+                rows[:0] = [(f"{key}.{k}", f) for k, f in field.annotation.model_fields.items()]
+                continue
             default = field.get_default(call_default_factory=True)
             out.append(
-                f"| `{name}.{field_name}` | `{cell(type_name(field.annotation))}` | `{default!r}` | "
+                f"| `{key}` | `{cell(type_name(field.annotation))}` | `{default!r}` | "
                 f"{cell(field.description or '')} |"
             )
     return "\n".join(out) + "\n"

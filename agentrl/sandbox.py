@@ -319,10 +319,22 @@ def resolve_kind(kind: str, prefer: str = "docker") -> str:
     )
 
 
+_DEFAULTS: dict[str, dict[str, Any]] = {}
+
+
+def set_defaults(backend: str, **config: Any) -> None:
+    """Settings every later ``make_sandbox(backend, ...)`` of this process starts from (a run's
+    ``sandbox.docker.hosts``, set once by whoever builds the run); explicit arguments win."""
+    _DEFAULTS[backend] = dict(config)
+
+
 def make_sandbox(backend: str = "docker", **config: Any) -> Sandbox:
     """A not-yet-started sandbox of the named backend; use it as ``async with``."""
     cls = load_backend(backend)
-    return cls(build_config(cls.Config, config, f"sandbox backend {backend!r}"))
+    merged = {**_DEFAULTS.get(backend, {}), **config}
+    if backend == "docker" and config.get("docker_host"):
+        merged.pop("hosts", None)  # one daemon named explicitly
+    return cls(build_config(cls.Config, merged, f"sandbox backend {backend!r}"))
 
 
 class SandboxPool(AsyncStartClose):

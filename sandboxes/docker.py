@@ -148,6 +148,10 @@ class DockerConfig:
     """Run id label (default: ``AGENTRL_RUN_ID`` or one made per process)."""
     docker_host: str | None = None
     """Docker daemon URL (default: ``DOCKER_HOST`` or the local socket)."""
+    hosts: list[str] = field(default_factory=list)
+    """Several Docker daemons (``unix://…``, ``tcp://…``, ``ssh://…``) to spread sandboxes over: each
+    sandbox starts on the one with the fewest of this process's sandboxes; a daemon that fails its
+    health check is skipped for ``HOST_RETRY`` seconds. Empty: ``docker_host`` alone."""
     max_parallel_calls: int = 32
     """Blocking Docker SDK calls running at once (they run on a thread pool off the event loop)."""
     grace: float = 10.0
@@ -171,6 +175,14 @@ class DockerConfig:
                 raise ValueError(f"{name} must be a positive number; got {value!r}")
         if not PurePosixPath(self.workdir).is_absolute():
             raise ValueError(f"workdir must be an absolute path inside the container; got {self.workdir!r}")
+        if not isinstance(self.hosts, list | tuple) or not all(
+            isinstance(h, str) and "://" in h for h in self.hosts
+        ):
+            raise ValueError(
+                f"hosts must be a list of daemon URLs like unix:///var/run/docker.sock; got {self.hosts!r}"
+            )
+        if self.hosts and self.docker_host:
+            raise ValueError("set docker_host (one daemon) or hosts (several), not both")
 
 
 # --- process-wide plumbing: one client, one thread pool, the live containers ----------------------
@@ -207,6 +219,73 @@ def client_for(base_url: str | None, pool_size: int = 64):
                     "`agentrl sandbox doctor` checks this machine."
                 ) from e
         return _clients[base_url]
+
+
+HOST_RETRY = 30.0  # seconds a daemon that failed its health check is left out
+HOST_CHECK = 10.0  # seconds a passed health check is trusted
+_host_load: dict[str, int] = {}  # daemon URL -> this process's sandboxes started or starting there
+_host_state: dict[str, tuple[bool, float, str]] = {}  # daemon URL -> (healthy, when checked, error)
+
+
+def _healthy(host: str) -> tuple[bool, str]:
+    """Whether ``host`` answers a ping (cached: HOST_CHECK when it did, HOST_RETRY when it did not)."""
+    now = time.monotonic()
+    with _lock:
+        ok, when, error = _host_state.get(host, (False, -1e9, ""))
+    if now - when < (HOST_CHECK if ok else HOST_RETRY):
+        return ok, error
+    try:
+        client_for(host).ping()
+        state = (True, now, "")
+    except Exception as e:  # an unreachable daemon, a broken connection, an SSH failure
+        with _lock:
+            _clients.pop(host, None)
+        state = (False, now, str(e).split(";")[0][:300])
+    with _lock:
+        _host_state[host] = state
+    return state[0], state[2]
+
+
+def pick_host(hosts: list[str]) -> str:
+    """The healthy daemon of ``hosts`` with the fewest of this process's sandboxes (ties: list
+    order); counted as taken until ``release_host``. Stops naming every host's error when none answers."""
+    errors = []
+    with _lock:
+        order = sorted(range(len(hosts)), key=lambda i: (_host_load.get(hosts[i], 0), i))
+    for i in order:
+        ok, error = _healthy(hosts[i])
+        if ok:
+            with _lock:
+                _host_load[hosts[i]] = _host_load.get(hosts[i], 0) + 1
+            return hosts[i]
+        errors.append(f"{hosts[i]}: {error or 'failed its health check recently'}")
+    raise SandboxError(
+        f"no Docker daemon of sandbox hosts answers ({'; '.join(errors)}); start them, or remove the dead "
+        "ones from sandbox.docker.hosts"
+    )
+
+
+def _unreachable(error: BaseException) -> bool:
+    """The daemon could not be reached at all (as opposed to refusing a request: a missing image
+    on one host is not a reason to leave that host out)."""
+    import requests
+
+    if isinstance(error, SandboxError):
+        return str(error).startswith("cannot reach the Docker daemon")
+    return isinstance(error, requests.exceptions.ConnectionError) or (
+        getattr(error, "status_code", None) is None and "connection" in str(error).lower()
+    )
+
+
+def release_host(host: str) -> None:
+    with _lock:
+        _host_load[host] = max(0, _host_load.get(host, 0) - 1)
+
+
+def mark_unhealthy(host: str, error: str) -> None:
+    with _lock:
+        _host_state[host] = (False, time.monotonic(), error[:300])
+        _clients.pop(host, None)
 
 
 def executor(max_workers: int) -> ThreadPoolExecutor:
@@ -303,6 +382,7 @@ class DockerSandbox(AsyncStartClose):
         self.container_id: str | None = None
         self.base_commit: str | None = None
         self._client = None
+        self.host: str | None = self.config.docker_host  # the daemon this sandbox runs on
         self._dead = False
         self._closed = False
         self._ids: dict[str, tuple[str, str]] = {}  # user name -> (uid, gid) in the image
@@ -331,15 +411,30 @@ class DockerSandbox(AsyncStartClose):
             return
         _cleanup.on_exit(_remove_live_containers)
         try:
-            self._client = await self._call(client_for, self.config.docker_host)
-            creating = asyncio.ensure_future(self._call(self._create_and_start))
-            try:
-                await asyncio.shield(creating)
-            except asyncio.CancelledError:
-                # The create runs in a thread that cancelling cannot stop: let it finish, so that the
-                # container it may still make is known (container_id) and removed below.
-                await asyncio.gather(creating, return_exceptions=True)
-                raise
+            for attempt in range(max(1, len(self.config.hosts))):
+                if self.config.hosts:
+                    self.host = await self._call(pick_host, list(self.config.hosts))
+                try:
+                    self._client = await self._call(client_for, self.host)
+                    creating = asyncio.ensure_future(self._call(self._create_and_start))
+                    try:
+                        await asyncio.shield(creating)
+                    except asyncio.CancelledError:
+                        # The create runs in a thread that cancelling cannot stop: let it finish, so
+                        # that the container it may still make is known (container_id) and removed below.
+                        await asyncio.gather(creating, return_exceptions=True)
+                        raise
+                    break
+                except Exception as e:
+                    # A daemon of several that went away since its last health check: left out for
+                    # a while, and the sandbox starts on another.
+                    if not self.config.hosts or self.container_id is not None or not _unreachable(e):
+                        raise
+                    mark_unhealthy(self.host, str(e))
+                    release_host(self.host)
+                    self.host = None
+                    if attempt == len(self.config.hosts) - 1:
+                        raise
             for _ in range(3):  # idempotent; retried when a loaded daemon drops the exec's output
                 setup = await self.exec(WORKSPACE_SETUP, timeout=120)
                 if setup.exit_code != 0 or len(setup.output.split()) >= 2:
@@ -483,6 +578,8 @@ class DockerSandbox(AsyncStartClose):
         if self._closed:
             return
         self._closed = True
+        if self.config.hosts and self.host is not None:
+            release_host(self.host)
         if self.container_id is None:
             return
         task = asyncio.ensure_future(self._call(self._remove_sync))

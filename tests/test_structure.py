@@ -124,4 +124,9 @@ def test_the_config_reference_is_up_to_date():
 
     written = (ROOT / "docs/config.md").read_text()
     assert written == reference(), "docs/config.md is out of date: run `make docs`"
-    assert all(f"`{key}`" in written for key, _ in sections(TrainConfig) if "." in key)
+    leaves = [
+        key
+        for key, field in sections(TrainConfig)
+        if "." in key and not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel))
+    ]
+    assert all(f"`{key}`" in written for key in leaves)

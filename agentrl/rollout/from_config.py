@@ -35,8 +35,10 @@ def env_factory(cfg: TrainConfig) -> Callable[[], AgentEnv]:
     when the environment's factory takes ``sandbox`` / ``max_turns``. Checks everything once, here
     (an unknown id or argument, a setting given twice, no sandbox backend), before anything is built."""
     from agentrl.config import env_factory_params
-    from agentrl.sandbox import NoSandboxError, resolve_kind
+    from agentrl.sandbox import NoSandboxError, resolve_kind, set_defaults
 
+    if cfg.sandbox.docker.hosts:  # every Docker sandbox of the run spreads over these daemons
+        set_defaults("docker", hosts=list(cfg.sandbox.docker.hosts))
     args = dict(cfg.env.args)
     for key, setting in (("sandbox", "sandbox.kind"), ("max_turns", "rollout.max_turns")):
         if key in args:

@@ -135,6 +135,13 @@ class SweEnv:
         return Observation(messages=messages, tools=list(self.tools))
 
     # -- episode --
+    def _check_backend(self, row: SweRow) -> None:
+        if row.from_image and self.backend != "docker":
+            raise ValueError(
+                f"{row.instance_id} is an image row (its repository is in the image {row.image}); it runs "
+                f"on the docker sandbox, not {self.backend!r}: set sandbox.kind=docker"
+            )
+
     def _sandbox(self, row: SweRow):
         config = dict(self.sandbox_config)
         if self.backend == "docker":
@@ -144,11 +151,18 @@ class SweEnv:
     async def reset(self, task: Task) -> Observation:
         await self._close_sandbox()
         self.row = self.row_of(task)
-        _, agent_tree = await asyncio.to_thread(trees, self.row)
+        self._check_backend(self.row)
         self.sandbox = self._sandbox(self.row)
         await self.sandbox.start()
-        await self.sandbox.upload(str(agent_tree), self.sandbox.workdir)
-        setup = await self.sandbox.exec(GIT_INIT, timeout=120)
+        if self.row.from_image:  # the image holds the repository: back to base_commit, history dropped
+            # ignored files (the image's build products) stay in the tree, out of the commit
+            init = GIT_INIT.replace("git add -A -f", "git add -A")
+            setup = f"git reset -q --hard {self.row.base_commit} && git clean -fdq && {init}"
+        else:
+            _, agent_tree = await asyncio.to_thread(trees, self.row)
+            await self.sandbox.upload(str(agent_tree), self.sandbox.workdir)
+            setup = GIT_INIT
+        setup = await self.sandbox.exec(setup, timeout=300)
         if setup.exit_code != 0:
             raise RuntimeError(f"{self.row.instance_id}: workspace setup failed: {setup.output[-500:]}")
         self._base = setup.output.split()[-1]
@@ -241,16 +255,25 @@ class SweEnv:
         row = row or self.row
         if row is None:
             raise RuntimeError("grade_patch() needs a reset() first, or a row")
-        full_tree, _ = await asyncio.to_thread(trees, row)
+        self._check_backend(row)
+        full_tree = None if row.from_image else (await asyncio.to_thread(trees, row))[0]
         if fresh is None:
             sandbox = self._sandbox(row)
             fresh = sandbox, asyncio.ensure_future(sandbox.start())
         sandbox, starting = fresh
         try:
             await starting
-            report = await grading.grade(
-                sandbox, row, full_tree, patch, timeout=self.grade_timeout, partial_credit=self.partial_credit
-            )
+            if row.from_image:
+                report = await grading.grade_image_row(sandbox, row, patch, timeout=self.grade_timeout)
+            else:
+                report = await grading.grade(
+                    sandbox,
+                    row,
+                    full_tree,
+                    patch,
+                    timeout=self.grade_timeout,
+                    partial_credit=self.partial_credit,
+                )
         finally:
             self._dispose(fresh)
         self.last_grade = report

@@ -23,14 +23,16 @@ import json
 import os
 import random
 import re
+import shlex
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentrl.envs.swe import grading
 from agentrl.envs.swe.mutate import mutants
-from agentrl.envs.swe.rows import parse_row
-from agentrl.envs.swe.tree import _clean, trees, unpack_sdist
+from agentrl.envs.swe.rows import RowError, parse_row
+from agentrl.envs.swe.tree import _clean, apply_patch, trees, unpack_sdist
 from agentrl.sandbox import make_sandbox, resolve_kind
 
 IMAGE = "agentrl/base:bookworm"
@@ -44,6 +46,8 @@ def parse_statuses(output: str) -> dict[str, str]:
     subtest is reported before its test's own PASSED line)."""
     statuses: dict[str, str] = {}
     for status, test in STATUS.findall(output):
+        if "[" in test and not test.endswith("]"):
+            continue  # a parametrized id with a space, cut there: swebench's parser cuts it too
         if statuses.get(test) not in ("FAILED", "ERROR"):
             statuses[test] = status
     return statuses
@@ -65,14 +69,17 @@ class Suite:
     async def __aexit__(self, *exc) -> None:
         await self.sandbox.close()
 
-    async def run(self, replace: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
+    async def run(
+        self, replace: dict[str, str] | None = None, ids: Sequence[str] = ()
+    ) -> tuple[dict[str, str], str]:
         replace = replace or {}
+        selected = " ".join(shlex.quote(t) for t in ids)
         for rel, text in replace.items():
             await self.sandbox.write_file(rel, text)
         try:
             command = (
                 f"find . -name __pycache__ -prune -exec rm -rf {{}} +; {grading.PYTHON_SHIM}; "
-                f"{grading.CLEAR_ENV}{self.test_cmd.replace('--tb=no', '--tb=short')} 2>&1"
+                f"{grading.CLEAR_ENV}{self.test_cmd.replace('--tb=no', '--tb=short')} {selected} 2>&1"
             )
             result = await self.sandbox.exec(command, timeout=SUITE_TIMEOUT, output_cap=64 * 2**20)
         finally:
@@ -81,6 +88,27 @@ class Suite:
         if result.timed_out:
             return {}, "timeout"
         return parse_statuses(result.output), result.output
+
+
+NOT_FOUND = re.compile(r"^ERROR: not found: (\S+)", re.MULTILINE)
+
+
+async def selectable(suite: Suite, ids: set[str]) -> set[str]:
+    """The ids of ``ids`` that pass when they are named on the command line, as grading names them
+    (a test a whole-suite run reports may not be found by its id: pytest then runs nothing)."""
+    ids = set(ids)
+    for _ in range(5):
+        statuses, output = await suite.run(ids=sorted(ids))
+        reported = NOT_FOUND.findall(output)
+        missing = {
+            t for t in ids if any(m.endswith("/" + t) or m.endswith("/" + t.split("[")[0]) for m in reported)
+        }
+        if not reported:
+            return {t for t in ids if statuses.get(t) == "PASSED"}
+        if not missing:
+            break  # an id pytest cannot find that is none of ours: nothing can be kept
+        ids -= missing
+    return set()
 
 
 def _diff(path: str, before: str, after: str) -> str:
@@ -138,7 +166,7 @@ async def _validated(rows: list[dict], base: Path, kinds: Sequence[str], log) ->
                 if report["resolved"] != want:
                     ok = False
                     log(
-                        f"  {row.instance_id}: dropped, {'gold' if want else 'empty patch'} in {kind}: {report.get('error') or report.get('tests_status')}"
+                        f"  {row.instance_id}: dropped, {'gold' if want else 'empty patch'} in {kind}: {report.get('error') or report.get('junit_disagrees') or report.get('log_tail', '')[-800:]}"
                     )
                     break
             if not ok:
@@ -162,6 +190,7 @@ async def build_async(
     max_f2p_share: float = 0.2,
     max_tries: int = 400,
     test_args: str = "",
+    per_function: int = 1,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
     """``test_args``: pytest arguments every run of the suite needs (they go into the rows' test_cmd)."""
@@ -185,7 +214,8 @@ async def build_async(
             finally:
                 if kind != kinds[0]:
                     await suite.__aexit__()
-        log(f"{package} {version}: {len(stable)} tests pass 3 times of 3 in {', '.join(kinds)}")
+        stable = await selectable(suite, stable) if stable else stable
+        log(f"{package} {version}: {len(stable)} tests pass 3 times of 3 in {', '.join(kinds)}, and by id")
         try:
             if not stable:
                 raise RuntimeError(
@@ -195,7 +225,7 @@ async def build_async(
             for path in _source_files(root):
                 rel = path.relative_to(root).as_posix()
                 candidates += [
-                    (rel, m) for m in mutants(rel, path.read_text(), seed=seed, max_per_function=1)
+                    (rel, m) for m in mutants(rel, path.read_text(), seed=seed, max_per_function=per_function)
                 ]
             random.Random(f"{seed}/{package}/{version}").shuffle(candidates)
             seen: set[frozenset[str]] = set()
@@ -236,6 +266,7 @@ async def build_async(
                             "transform": mutant.transform,
                             "function": mutant.function,
                             "file": rel,
+                            "lines": [mutant.lineno, mutant.end_lineno],
                         },
                     }
                 )
@@ -246,6 +277,90 @@ async def build_async(
     for i, raw in enumerate(kept):  # numbered without gaps, in build order
         raw["instance_id"] = f"pypi__{package}-{version}__{i:04d}"
     return kept
+
+
+def _apart(a: dict, b: dict) -> bool:
+    """Two single-bug rows of the same file whose changed lines are at least 4 lines apart."""
+    ca, cb = a["created_by"], b["created_by"]
+    if "lines" not in ca or "lines" not in cb or ca["file"] != cb["file"]:
+        return False
+    (a0, a1), (b0, b1) = ca["lines"], cb["lines"]
+    return a1 + 4 < b0 or b1 + 4 < a0
+
+
+async def combine_async(
+    rows: list[dict],
+    sdist: Path,
+    *,
+    out_dir: Path,
+    n: int = 3,
+    sandboxes: Sequence[str] = ("auto",),
+    max_f2p: int = 50,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Up to ``n`` harder tasks, each the bugs of two validated rows of one file at once (both fixes
+    needed: undoing either bug leaves the other's failing tests). FAIL_TO_PASS and PASS_TO_PASS come
+    from running the suite on the combined file; the rows are validated like single-bug ones."""
+    kinds = list(dict.fromkeys(resolve_kind(k) for k in sandboxes))
+    singles = [r for r in rows if "lines" in r.get("created_by", {})]
+    pairs = [(a, b) for i, a in enumerate(singles) for b in singles[i + 1 :] if _apart(a, b)]
+    if not pairs or n <= 0:
+        return []
+    first = singles[0]
+    combined: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="agentrl-swe-combine-") as tmp:
+        root = unpack_sdist(sdist, Path(tmp) / "x")
+        _clean(root)
+        async with Suite(kinds[0], root, first["test_cmd"]) as suite:
+            stable = set(first["FAIL_TO_PASS"]) | set(first["PASS_TO_PASS"])
+            for a, b in pairs:
+                if len(combined) >= n:
+                    break
+                rel = a["created_by"]["file"]
+                work = Path(tmp) / f"c{len(combined)}"
+                shutil.copytree(root, work)
+                try:
+                    apply_patch(work, a["bug_patch"], "bug A")
+                    apply_patch(work, b["bug_patch"], "bug B")
+                except RowError:
+                    continue
+                original, both = (root / rel).read_text(), (work / rel).read_text()
+                statuses, output = await suite.run({rel: both})
+                f2p = sorted(t for t in stable if statuses.get(t) != "PASSED")
+                p2p = sorted(t for t in stable if statuses.get(t) == "PASSED")
+                needed = set(a["FAIL_TO_PASS"]) <= set(f2p) and set(b["FAIL_TO_PASS"]) <= set(f2p)
+                if not needed or len(f2p) > max_f2p or not p2p:
+                    continue
+                package = a["repo"].split("/", 1)[1]
+                shown = b["FAIL_TO_PASS"][0] if b["FAIL_TO_PASS"][0] != a["FAIL_TO_PASS"][0] else f2p[-1]
+                where = f"{a['created_by']['function']} and {b['created_by']['function']}"
+                combined.append(
+                    {
+                        **a,
+                        "instance_id": f"{a['instance_id'].rsplit('__', 1)[0]}__c{len(combined):03d}",
+                        "problem_statement": problem_statement(
+                            package,
+                            where,
+                            a["FAIL_TO_PASS"][0],
+                            _assertion(output, a["FAIL_TO_PASS"][0]),
+                            len(f2p),
+                        ).replace("\nFind the cause", f"\n`{shown}` fails as well.\n\nFind the causes"),
+                        "FAIL_TO_PASS": f2p,
+                        "PASS_TO_PASS": p2p,
+                        "patch": _diff(rel, both, original),
+                        "bug_patch": _diff(rel, original, both),
+                        "hidden_tests": sorted({t.split("::")[0] for t in f2p}),
+                        "created_by": {"combined": [a["instance_id"], b["instance_id"]], "file": rel},
+                    }
+                )
+                log(
+                    f"  {combined[-1]['instance_id']}: bugs of {a['instance_id']} and {b['instance_id']}; {len(f2p)} fail"
+                )
+    return await _validated(combined, out_dir, kinds, log)
+
+
+def combine(rows: list[dict], sdist: Path, **kwargs) -> list[dict]:
+    return asyncio.run(combine_async(rows, sdist, **kwargs))
 
 
 def build(sdist: Path, package: str, version: str, **kwargs) -> list[dict]:

@@ -75,9 +75,11 @@ def runner_tamper(patch: str) -> list[str]:
     return [line.strip()[:200] for line in added if RUNNER_TAMPER.search(line)]
 
 
-def _apply_script(patch_file: str, marker: str) -> str:
-    """Try the three ways to apply, resetting the tree between them; prints ``marker METHOD``."""
-    reset = f"git reset -q --hard && git clean -fdxq -e {SUBMISSION} -e {TEST_PATCH}"
+def _apply_script(patch_file: str, marker: str, ignored_too: bool = True) -> str:
+    """Try the three ways to apply, resetting the tree between them; prints ``marker METHOD``.
+    ``ignored_too=False`` keeps ignored files (an image's build products) when resetting."""
+    clean = "-fdxq" if ignored_too else "-fdq"
+    reset = f"git reset -q --hard && git clean {clean} -e {SUBMISSION} -e {TEST_PATCH}"
     return (
         f"if git apply --whitespace=nowarn {patch_file} 2>/dev/null; then echo {marker} apply; "
         f"elif {reset} && git apply --3way --whitespace=nowarn {patch_file} 2>/dev/null "
@@ -115,10 +117,11 @@ def junit_statuses(xml_text: str) -> dict[tuple[str, str], str]:
 
 def junit_key(node_id: str) -> tuple[str, str]:
     """The (classname, name) pytest's junit report gives the test of ``node_id``."""
-    parts = node_id.split("::")
+    base, bracket, params = node_id.partition("[")  # parameters may hold "::" themselves
+    parts = base.split("::")
     module = parts[0][:-3] if parts[0].endswith(".py") else parts[0]
     classname = ".".join([module.replace("/", "."), *parts[1:-1]])
-    return classname, parts[-1]
+    return classname, parts[-1] + bracket + params
 
 
 def eval_script(row: SweRow, run: str) -> str:
@@ -263,4 +266,77 @@ async def grade(
     elif partial_credit and not tamper and all(junit_passed[t] and t in log_passed for t in row.PASS_TO_PASS):
         passed = sum(junit_passed[t] and t in log_passed for t in row.FAIL_TO_PASS)
         report["reward"] = passed / len(row.FAIL_TO_PASS)
+    return report
+
+
+# The package directories of the tree in the current directory (as ``source_dirs`` finds them).
+LIST_SOURCE_DIRS = (
+    'for d in */ src/*/; do d=${d%/}; case "$d" in tests|test|testing|docs|doc|examples|benchmarks|ci) continue;; esac; '
+    '[ -f "$d/__init__.py" ] && echo "DIR $d"; done; '
+    'for f in *.py; do case "$f" in setup.py|conftest.py|noxfile.py|test*) ;; *) [ -f "$f" ] && echo "DIR $f";; esac; done'
+)
+
+
+async def grade_image_row(sandbox, row: SweRow, patch: str, timeout: float = 1800.0) -> dict[str, Any]:
+    """Grade ``patch`` for an image row (SWE-bench's layout) in ``sandbox``, a fresh container of
+    the row's image: the filtered patch applied in /testbed, then the row's own ``eval_script``
+    (with swebench's exit-code line added), and swebench's report on its log."""
+    listing = await sandbox.exec(LIST_SOURCE_DIRS, timeout=60)
+    dirs = [line[4:] for line in listing.output.splitlines() if line.startswith("DIR ")]
+    kept, dropped = filter_patch(patch, dirs)
+    report: dict[str, Any] = {
+        "instance_id": row.instance_id,
+        "resolved": False,
+        "reward": 0.0,
+        "dropped_paths": [f"{p} ({why})" for p, why in dropped],
+        "apply_method": None,
+    }
+    tamper = runner_tamper(kept)
+    if tamper:
+        report["runner_tamper"] = tamper
+    nonce = secrets.token_hex(8)
+    from swebench.harness.grading import get_eval_report
+    from swebench.harness.utils import make_test_spec
+
+    spec = make_test_spec(row.to_swebench())
+    steps = [
+        f"git reset -q --hard {row.base_commit} && git clean -fdq || {{ echo {nonce}-SETUP failed; exit 3; }}"
+    ]
+    if kept:
+        await sandbox.write_file(SUBMISSION, kept)
+        steps = [
+            f"git reset -q --hard {row.base_commit} && git clean -fdq -e {SUBMISSION} "
+            f"|| {{ echo {nonce}-SETUP failed; exit 3; }}",
+            _apply_script(SUBMISSION, f"{nonce}-APPLY", ignored_too=False),
+        ]
+    steps += [
+        f"echo {nonce}-START",
+        f"bash -s <<'AGENTRL_EVAL_{nonce}' 2>&1\n{spec.eval_script}AGENTRL_EVAL_{nonce}",
+    ]
+    result = await sandbox.exec("\n".join(steps), timeout=timeout, output_cap=64 * 2**20)
+    output = result.output
+    if f"{nonce}-SETUP failed" in output:
+        report["error"] = "the image's repository could not be reset to base_commit: " + output[-500:]
+        return report
+    if kept:
+        applied = (
+            output.split(f"{nonce}-APPLY ", 1)[-1].split("\n", 1)[0].strip()
+            if f"{nonce}-APPLY " in output
+            else "failed"
+        )
+        report["apply_method"] = applied
+    if result.timed_out or f"{nonce}-START" not in output:
+        report["error"] = (
+            f"the eval script did not finish within {timeout:g} s" if result.timed_out else output[-500:]
+        )
+        return report
+    log = output.split(f"{nonce}-START", 1)[1]
+    with tempfile.TemporaryDirectory(prefix="agentrl-swe-grade-") as tmp:
+        log_path = Path(tmp) / "test_output.txt"
+        log_path.write_text(log)
+        prediction = {"instance_id": row.instance_id, "model_name_or_path": "agentrl", "model_patch": kept}
+        swe = get_eval_report(spec, prediction, str(log_path), include_tests_status=True)[row.instance_id]
+    resolved = bool(swe.get("resolved")) and not tamper
+    report.update(resolved=resolved, tests_status=swe.get("tests_status", {}), log_tail=log[-2000:])
+    report["reward"] = 1.0 if resolved else 0.0
     return report

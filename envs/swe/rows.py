@@ -17,6 +17,11 @@ A row (one line of a JSON-lines file, or a parquet row; read with ``datasets``):
 - ``split`` (``train`` when absent); optional ``hints``, ``created_by`` (ignored by grading).
 
 A missing or malformed field stops loading with the instance id and the field's name.
+
+**Image rows** (SWE-bench's published layout): a row with ``base_commit`` and ``eval_script`` and no
+``source`` names a Docker image that already holds the repository at ``/testbed`` at
+``base_commit``; it needs no ``test_cmd``, ``bug_patch`` or ``hidden_tests``, and is graded by its own
+``eval_script`` (which applies ``test_patch`` and prints swebench's markers).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REQUIRED = (
+COMMON = (
     "instance_id",
     "repo",
     "version",
@@ -40,11 +45,9 @@ REQUIRED = (
     "log_parser",
     "eval_type",
     "image",
-    "test_cmd",
-    "source",
-    "bug_patch",
-    "hidden_tests",
 )
+REQUIRED = (*COMMON, "test_cmd", "source", "bug_patch", "hidden_tests")  # a row with an offline source
+IMAGE_REQUIRED = (*COMMON, "base_commit", "eval_script")  # a row whose image holds the repository
 EVAL_TYPES = ("pass_and_fail",)
 
 
@@ -66,14 +69,24 @@ class SweRow:
     eval_type: str
     image: str
     test_cmd: str
-    sdist: Path
-    """The pristine source archive (absolute: resolved against the dataset file's folder)."""
+    sdist: Path | None
+    """The pristine source archive (absolute: resolved against the dataset file's folder); None for
+    an image row."""
     sha256: str
     bug_patch: str
     hidden_tests: tuple[str, ...]
     split: str = "train"
+    base_commit: str = ""
+    """Image rows: the commit ``/testbed`` is at in the image."""
+    eval_script: str = ""
+    """Image rows: the script that grades (SWE-bench's ``eval.sh``)."""
     hints: str = ""
     created_by: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def from_image(self) -> bool:
+        """The repository comes with the image (SWE-bench's layout), not from an sdist."""
+        return self.sdist is None
 
     def to_swebench(self, eval_script: str = "") -> dict[str, Any]:
         """The row as ``swebench.harness.utils.make_test_spec`` takes it."""
@@ -86,11 +99,13 @@ class SweRow:
             "PASS_TO_PASS": list(self.PASS_TO_PASS),
             "log_parser": self.log_parser,
             "eval_type": self.eval_type,
-            "eval_script": eval_script,
+            "eval_script": eval_script or self.eval_script,
         }
 
     def check_sha256(self) -> None:
         """Stop unless the sdist is there with the row's hash (both hashes in the message)."""
+        if self.sdist is None:
+            raise RowError(f"{self.instance_id}: an image row has no sdist")
         if not self.sdist.is_file():
             raise RowError(f"{self.instance_id}: source.sdist {self.sdist} does not exist")
         actual = hashlib.sha256(self.sdist.read_bytes()).hexdigest()
@@ -124,6 +139,8 @@ def parse_row(raw: dict[str, Any], base: Path, index: int = 0) -> SweRow:
     """Check one row and make it a ``SweRow``; ``base``: the folder source paths are relative to."""
     instance = raw.get("instance_id")
     where = f"row {index} ({instance})" if isinstance(instance, str) and instance else f"row {index}"
+    if raw.get("source") is None and raw.get("eval_script") is not None:
+        return _parse_image_row(raw, where)
     missing = [name for name in REQUIRED if raw.get(name) is None]
     if missing:
         raise RowError(f"{where}: missing field(s) {', '.join(missing)}")
@@ -186,6 +203,57 @@ def parse_row(raw: dict[str, Any], base: Path, index: int = 0) -> SweRow:
         split=split,
         hints=raw.get("hints") or "",
         created_by=dict(created_by),
+    )
+
+
+def _parse_image_row(raw: dict[str, Any], where: str) -> SweRow:
+    missing = [name for name in IMAGE_REQUIRED if raw.get(name) is None]
+    if missing:
+        raise RowError(
+            f"{where}: missing field(s) {', '.join(missing)} (an image row: it has an eval_script)"
+        )
+    for name in (
+        "instance_id",
+        "repo",
+        "version",
+        "problem_statement",
+        "patch",
+        "log_parser",
+        "image",
+        "eval_script",
+    ):
+        if not isinstance(raw[name], str) or not raw[name].strip():
+            raise RowError(f"{where}: field {name!r} must be a non-empty string; got {raw[name]!r:.200}")
+    commit = raw["base_commit"]
+    if (
+        not isinstance(commit, str)
+        or not 7 <= len(commit) <= 40
+        or any(c not in "0123456789abcdef" for c in commit)
+    ):
+        raise RowError(f"{where}: field 'base_commit' must be a git commit in hex; got {commit!r}")
+    if raw["eval_type"] not in EVAL_TYPES:
+        raise RowError(f"{where}: field 'eval_type' is {raw['eval_type']!r}; swe-v0 grades {EVAL_TYPES}")
+    return SweRow(
+        instance_id=raw["instance_id"],
+        repo=raw["repo"],
+        version=str(raw["version"]),
+        problem_statement=raw["problem_statement"],
+        FAIL_TO_PASS=_id_list(raw["FAIL_TO_PASS"], "FAIL_TO_PASS", where, allow_empty=False),
+        PASS_TO_PASS=_id_list(raw["PASS_TO_PASS"], "PASS_TO_PASS", where, allow_empty=True),
+        patch=raw["patch"],
+        test_patch=raw.get("test_patch") or "",
+        log_parser=raw["log_parser"],
+        eval_type=raw["eval_type"],
+        image=raw["image"],
+        test_cmd=raw.get("test_cmd") or "",
+        sdist=None,
+        sha256="",
+        bug_patch="",
+        hidden_tests=(),
+        split=raw.get("split") or "train",
+        hints=raw.get("hints") or "",
+        base_commit=commit,
+        eval_script=raw["eval_script"],
     )
 
 

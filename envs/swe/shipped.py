@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from agentrl.envs.swe.build import build, write
+from agentrl.envs.swe.build import build, combine, write
 
 HERE = Path(__file__).parent
 TASKS = HERE / "tasks" / "tasks.jsonl"
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only", nargs="*", default=None, help="rebuild these packages, keep the others' rows"
     )
     parser.add_argument("--max-tasks", type=int, default=25)
+    parser.add_argument("--combined", type=int, default=2, help="two-bug tasks per package")
     parser.add_argument(
         "--sandbox", nargs="+", default=["local", "docker"], choices=["auto", "docker", "local"]
     )
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only is not None and name not in args.only:
             rows += old_rows(name)
             continue
-        rows += build(
+        singles = build(
             HERE / "sources" / archive,
             name,
             version,
@@ -62,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
             sandboxes=args.sandbox,
             test_args=extra,
         )
+        # and a few harder tasks: two of those bugs in one file at once
+        both = combine(
+            singles, HERE / "sources" / archive, out_dir=TASKS.parent, n=args.combined, sandboxes=args.sandbox
+        )
+        rows += singles + both
         # after each package, so that a long rebuild cut short keeps what it has done
         write(rows + [r for later in PACKAGES[i + 1 :] for r in old_rows(later[0])], TASKS)
     write(rows, TASKS)

@@ -24,7 +24,8 @@ SOURCE = {
     ),
     "mini-1.0/tests/test_clamp.py": (
         "from mini import clamp\n\n\ndef test_inside():\n    assert clamp(5, 0, 10) == 5\n\n\n"
-        "def test_below():\n    assert clamp(-3, 0, 10) == 0\n"
+        "def test_below():\n    assert clamp(-3, 0, 10) == 0\n\n\n"
+        "def test_above():\n    assert clamp(13, 0, 10) == 10\n"
     ),
 }
 OPS = SOURCE["mini-1.0/mini/ops.py"]

@@ -67,3 +67,27 @@ def test_agentrl_swe_build_names_a_missing_sdist(tmp_path, capsys):
     assert "no sdist of nosuch==1.0" in capsys.readouterr().err
     assert main(["swe", "build", "--package", "toolz", "--out", str(tmp_path)]) == 2
     assert json.dumps("NAME==VERSION")[1:-1] in capsys.readouterr().err
+
+
+def test_two_bugs_of_one_file_make_a_harder_task(tmp_path, monkeypatch):
+    from agentrl.envs.swe.build import combine
+
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    sdist, _ = make_sdist(tmp_path)
+    singles = build(
+        sdist,
+        "mini",
+        "1.0",
+        out_dir=tmp_path,
+        max_tasks=4,
+        max_f2p_share=0.75,
+        per_function=3,
+        sandboxes=("local",),
+        log=lambda _: None,
+    )
+    both = combine(singles, sdist, out_dir=tmp_path, n=1, sandboxes=("local",), log=lambda _: None)
+    assert len(both) == 1, [s["created_by"] for s in singles]
+    (row,) = both
+    a, b = (next(s for s in singles if s["instance_id"] == i) for i in row["created_by"]["combined"])
+    assert set(a["FAIL_TO_PASS"]) | set(b["FAIL_TO_PASS"]) <= set(row["FAIL_TO_PASS"])  # both fixes needed
+    assert row["patch"].count("\n-") >= 2 and row["instance_id"].endswith("__c000")

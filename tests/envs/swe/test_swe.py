@@ -107,6 +107,7 @@ def test_duplicate_ids_and_unknown_splits_stop(dataset):
 
 def test_grading_helpers(dataset):
     assert junit_key("tests/test_x.py::TestA::test_b[1-2]") == ("tests.test_x.TestA", "test_b[1-2]")
+    assert junit_key("t/test_u.py::test_q[https://[::1]:80/]") == ("t.test_u", "test_q[https://[::1]:80/]")
     assert runner_tamper("+++ b/x.py\n+import _pytest.python\n+x = 1\n") == ["import _pytest.python"]
     assert runner_tamper("+++ b/x.py\n+def add(a, b):\n+    return a + b\n") == []
 

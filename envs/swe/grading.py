@@ -90,6 +90,32 @@ def _apply_script(patch_file: str, marker: str, ignored_too: bool = True) -> str
     )
 
 
+def _filtered(
+    row: SweRow, patch: str, dirs: list[str], hidden: tuple[str, ...] = ()
+) -> tuple[str, dict[str, Any], list[str]]:
+    """The patch kept for grading, the report begun (what was dropped and why), and the kept lines
+    that reach into the test runner (graded all the same, so the report shows what the tests did,
+    but never rewarded)."""
+    kept, dropped = filter_patch(patch, dirs, hidden)
+    report: dict[str, Any] = {
+        "instance_id": row.instance_id,
+        "resolved": False,
+        "reward": 0.0,
+        "dropped_paths": [f"{p} ({why})" for p, why in dropped],
+        "apply_method": None,
+    }
+    tamper = runner_tamper(kept)
+    if tamper:
+        report["runner_tamper"] = tamper
+    return kept, report, tamper
+
+
+def _apply_method(output: str, nonce: str) -> str:
+    """How the submission applied, from the apply script's ``NONCE-APPLY METHOD`` line."""
+    marker = f"{nonce}-APPLY "
+    return output.split(marker, 1)[1].split("\n", 1)[0].strip() if marker in output else "failed"
+
+
 def junit_statuses(xml_text: str) -> dict[tuple[str, str], str]:
     """(classname, name) -> passed | failed | error | skipped, from pytest's junit report."""
     statuses: dict[tuple[str, str], str] = {}
@@ -170,17 +196,7 @@ async def grade(
 ) -> dict[str, Any]:
     """Grade ``patch`` (the agent's ``git diff``) in ``sandbox`` (fresh, started); returns the report
     (``reward``, ``resolved``, ``tests_status``, ``dropped_paths``, ``apply_method``, ...)."""
-    kept, dropped = filter_patch(patch, source_dirs(full_tree), row.hidden_tests)
-    report: dict[str, Any] = {
-        "instance_id": row.instance_id,
-        "resolved": False,
-        "reward": 0.0,
-        "dropped_paths": [f"{p} ({why})" for p, why in dropped],
-        "apply_method": None,
-    }
-    tamper = runner_tamper(kept)
-    if tamper:  # graded all the same (the report shows what the tests did), but never rewarded
-        report["runner_tamper"] = tamper
+    kept, report, tamper = _filtered(row, patch, source_dirs(full_tree), row.hidden_tests)
     nonce = secrets.token_hex(8)
     await sandbox.upload(str(full_tree), sandbox.workdir)
     if kept:
@@ -217,16 +233,11 @@ async def grade(
         report["error"] = "the grading tree could not be set up: " + output[-500:]
         return report
     if kept:
-        method = (
-            output.split(f"{nonce}-APPLY ", 1)[-1].split("\n", 1)[0].strip()
-            if f"{nonce}-APPLY " in output
-            else "failed"
-        )
-        report["apply_method"] = method
-    if getattr(result, "timed_out", False) or f"{nonce}-EXIT" not in output:
+        report["apply_method"] = _apply_method(output, nonce)
+    if result.timed_out or f"{nonce}-EXIT" not in output:
         report["error"] = (
             f"the tests did not finish within {timeout:g} s"
-            if getattr(result, "timed_out", False)
+            if result.timed_out
             else "the test run died: " + output[-500:]
         )
         report["log_tail"] = output[-2000:]
@@ -283,17 +294,7 @@ async def grade_image_row(sandbox, row: SweRow, patch: str, timeout: float = 180
     (with swebench's exit-code line added), and swebench's report on its log."""
     listing = await sandbox.exec(LIST_SOURCE_DIRS, timeout=60)
     dirs = [line[4:] for line in listing.output.splitlines() if line.startswith("DIR ")]
-    kept, dropped = filter_patch(patch, dirs)
-    report: dict[str, Any] = {
-        "instance_id": row.instance_id,
-        "resolved": False,
-        "reward": 0.0,
-        "dropped_paths": [f"{p} ({why})" for p, why in dropped],
-        "apply_method": None,
-    }
-    tamper = runner_tamper(kept)
-    if tamper:
-        report["runner_tamper"] = tamper
+    kept, report, tamper = _filtered(row, patch, dirs)
     nonce = secrets.token_hex(8)
     from swebench.harness.grading import get_eval_report
     from swebench.harness.utils import make_test_spec
@@ -319,12 +320,7 @@ async def grade_image_row(sandbox, row: SweRow, patch: str, timeout: float = 180
         report["error"] = "the image's repository could not be reset to base_commit: " + output[-500:]
         return report
     if kept:
-        applied = (
-            output.split(f"{nonce}-APPLY ", 1)[-1].split("\n", 1)[0].strip()
-            if f"{nonce}-APPLY " in output
-            else "failed"
-        )
-        report["apply_method"] = applied
+        report["apply_method"] = _apply_method(output, nonce)
     if result.timed_out or f"{nonce}-START" not in output:
         report["error"] = (
             f"the eval script did not finish within {timeout:g} s" if result.timed_out else output[-500:]

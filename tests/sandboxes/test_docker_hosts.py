@@ -129,6 +129,8 @@ def test_sandboxes_spread_over_hosts_and_skip_a_dead_one(two_hosts, monkeypatch,
             opened += boxes
             assert {b.host for b in boxes} == {hosts[0]}  # the dead daemon is skipped
             state["daemon"] = _start_second_daemon()
+            async with make_sandbox("docker", docker_host=hosts[1]):  # the daemon answers creates, too
+                pass
             await asyncio.sleep(2.5)  # past HOST_RETRY: asked again, and it has the fewest sandboxes
             more = await start(2)
             opened += more

@@ -248,17 +248,19 @@ def _healthy(host: str) -> tuple[bool, str]:
 
 def pick_host(hosts: list[str]) -> str:
     """The healthy daemon of ``hosts`` with the fewest of this process's sandboxes (ties: list
-    order); counted as taken until ``release_host``. Stops naming every host's error when none answers."""
-    errors = []
+    order); counted as taken until ``release_host``. Stops naming every host's error when none answers.
+
+    Health is checked first (a ping may take a while, outside the lock); the least-loaded healthy
+    host is then chosen and counted in one step under the lock, so that sandboxes started at once
+    from several threads spread instead of all reading the same loads."""
+    health = {host: _healthy(host) for host in dict.fromkeys(hosts)}
     with _lock:
-        order = sorted(range(len(hosts)), key=lambda i: (_host_load.get(hosts[i], 0), i))
-    for i in order:
-        ok, error = _healthy(hosts[i])
-        if ok:
-            with _lock:
-                _host_load[hosts[i]] = _host_load.get(hosts[i], 0) + 1
-            return hosts[i]
-        errors.append(f"{hosts[i]}: {error or 'failed its health check recently'}")
+        healthy = [i for i, host in enumerate(hosts) if health[host][0]]
+        if healthy:
+            best = hosts[min(healthy, key=lambda i: (_host_load.get(hosts[i], 0), i))]
+            _host_load[best] = _host_load.get(best, 0) + 1
+            return best
+    errors = [f"{host}: {error or 'failed its health check recently'}" for host, (_, error) in health.items()]
     raise SandboxError(
         f"no Docker daemon of sandbox hosts answers ({'; '.join(errors)}); start them, or remove the dead "
         "ones from sandbox.docker.hosts"

@@ -200,7 +200,9 @@ async def build_async(
     with tempfile.TemporaryDirectory(prefix="agentrl-swe-build-") as tmp:
         root = unpack_sdist(sdist, Path(tmp) / "x")
         _clean(root)
-        test_cmd = ROW_TEST_CMD + (" -o pythonpath=src" if (root / "src").is_dir() else "")
+        # A src layout's package is found through PYTHONPATH: pytest's own `-o pythonpath=src` needs
+        # an ini file before pytest 7.3 (Debian bookworm's 7.2 fails with an AssertionError without one).
+        test_cmd = ("PYTHONPATH=src " if (root / "src").is_dir() else "") + ROW_TEST_CMD
         test_cmd += f" {test_args}" if test_args else ""
         stable: set[str] | None = None
         for kind in reversed(kinds):  # the first kind's sandbox stays open for the mutants

@@ -1,7 +1,7 @@
 """The shipped task set (``envs/swe/tasks/tasks.jsonl``): which packages, in which split, and how it
 is rebuilt. Held-out success measures transfer: the ``test`` split's packages are not in ``train``.
 
-    .venv/bin/python -m agentrl.envs.swe.shipped [--only toolz] [--sandbox local docker]
+    .venv/bin/python -m agentrl.envs.swe.shipped [--only toolz] [--sandbox local docker] [--out PATH]
 
 rebuilds it from the sdists vendored in ``envs/swe/sources/`` (each with its license); the same
 sdists, seed and backends give the same rows.
@@ -42,7 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sandbox", nargs="+", default=["local", "docker"], choices=["auto", "docker", "local"]
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=TASKS,
+        help="write the rows here (default: the shipped file); keep it in envs/swe/tasks/, as the rows' "
+        "sdist paths are relative to it",
+    )
     args = parser.parse_args(argv)
+    out = args.out.resolve()
     old = [json.loads(line) for line in TASKS.read_text().splitlines()] if TASKS.exists() else []
     rows = []
 
@@ -57,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             HERE / "sources" / archive,
             name,
             version,
-            out_dir=TASKS.parent,
+            out_dir=out.parent,
             max_tasks=args.max_tasks,
             split=split,
             sandboxes=args.sandbox,
@@ -65,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         # and a few harder tasks: two of those bugs in one file at once
         both = combine(
-            singles, HERE / "sources" / archive, out_dir=TASKS.parent, n=args.combined, sandboxes=args.sandbox
+            singles, HERE / "sources" / archive, out_dir=out.parent, n=args.combined, sandboxes=args.sandbox
         )
         rows += singles + both
         # after each package, so that a long rebuild cut short keeps what it has done
-        write(rows + [r for later in PACKAGES[i + 1 :] for r in old_rows(later[0])], TASKS)
-    write(rows, TASKS)
+        write(rows + [r for later in PACKAGES[i + 1 :] for r in old_rows(later[0])], out)
+    write(rows, out)
     counts = {name: sum(r["repo"] == f"pypi/{name}" for r in rows) for name, *_ in PACKAGES}
-    print(f"{len(rows)} tasks in {TASKS}: {counts}")
+    print(f"{len(rows)} tasks in {out}: {counts}")
     return 0
 
 

@@ -34,7 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agentrl.env import Demonstration, DemoTurn, Observation, StepResult, Task, TaskList
+from agentrl.coding_env import CodingEpisodeEnv
+from agentrl.env import Demonstration, DemoTurn, Observation, Task, TaskList
 from agentrl.envs.bugfix.generator import (
     SPLITS,
     BugfixTask,
@@ -44,8 +45,8 @@ from agentrl.envs.bugfix.generator import (
     generate,
 )
 from agentrl.patches import filter_patch
-from agentrl.sandbox import SandboxError, make_sandbox, resolve_kind
-from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, render_hermes, validate_call
+from agentrl.sandbox import make_sandbox, resolve_kind
+from agentrl.tools import CODING_TOOLS, ToolCall, render_hermes
 
 SPLIT_SIZES = {"train": 100_000, "test": 10_000}  # tasks per split (generated on demand)
 
@@ -55,7 +56,6 @@ SYSTEM_PROMPT = (
 )
 _APPLY_FAILED = "agentrl: the submission did not apply"
 _SUBMISSION = ".agentrl-submission.patch"
-REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
 _PASSED = re.compile(r"(\d+) passed")
 # grader="python": import each tests/**/test_*.py as a module and call its test_* functions, counting
 # any exception (SystemExit too) as a failure; the last line carries a nonce drawn per grade, so no
@@ -90,7 +90,7 @@ print(f"{sys.argv[1]} {passed} passed {failed} failed")
 """
 
 
-class BugfixEnv:
+class BugfixEnv(CodingEpisodeEnv):
     """An ``AgentEnv``; one sandbox per episode, made at ``reset``."""
 
     deterministic = True
@@ -118,12 +118,9 @@ class BugfixEnv:
     ):
         if grader not in ("pytest", "python"):
             raise ValueError(f"grader must be 'pytest' or 'python'; got {grader!r}")
-        if on_no_tool_call not in ("end", "remind"):
-            raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
         if sandbox not in ("auto", "docker", "local"):
             raise ValueError(f"sandbox must be 'auto', 'docker' or 'local'; got {sandbox!r}")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1; got {max_turns}")
+        self._init_episode(max_turns, on_no_tool_call)
         if not 0.0 <= expert_miss <= 1.0:
             raise ValueError(
                 f"expert_miss is the share of tasks with a slipped fix, in [0, 1]; got {expert_miss!r}"
@@ -144,20 +141,11 @@ class BugfixEnv:
         }
         self.name_failing_test = name_failing_test
         self.grader = grader
-        self.max_turns = max_turns
-        self.on_no_tool_call = on_no_tool_call
         self.command_timeout = command_timeout
         self.max_observation_chars = max_observation_chars
         # Compact tool specs (no descriptions) keep small models' prompts short.
         self.tools = [_compact(t) for t in CODING_TOOLS] if compact_tools else list(CODING_TOOLS)
-        self.sandbox = None
         self.spec: BugfixTask | None = None
-        self._tools: CodingTools | None = None
-        self._turns = 0
-        self._done = False
-        self._base = ""
-        self.last_grade: dict[str, Any] | None = None
-        self._disposing: set[asyncio.Task] = set()  # grading sandboxes being closed
 
     # -- tasks --
     def task(self, split: str, index: int) -> Task:
@@ -231,15 +219,13 @@ class BugfixEnv:
     async def reset(self, task: Task) -> Observation:
         await self._close_sandbox()
         self.spec = self.task_spec(task)
-        self.sandbox = make_sandbox(self.backend, **self.sandbox_config)
-        await self.sandbox.start()
-        self._base = await self._install_task(self.sandbox)
-        self._tools = CodingTools(
-            self.sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
-        )
-        self._turns, self._done = 0, False
-        self.last_grade = None
+        self.sandbox = sandbox = self._new_sandbox()  # closed by the next reset or close
+        await sandbox.start()
+        self._begin_episode(sandbox, await self._install_task(sandbox))
         return self.observation(task)
+
+    def _new_sandbox(self):
+        return make_sandbox(self.backend, **self.sandbox_config)
 
     async def _install_task(self, sandbox, extra: dict[str, str] | None = None, commit: bool = True) -> str:
         """Put the task's files (and ``extra`` ones) in ``sandbox``'s workspace, and commit them;
@@ -270,91 +256,6 @@ class BugfixEnv:
         ]
         return Observation(messages=messages, tools=list(self.tools))
 
-    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
-        if self.sandbox is None or self._done:
-            raise RuntimeError(
-                "step() called before reset() or after the episode ended; call reset(task) first"
-            )
-        self._turns += 1
-        observation, records = [], []
-        submitted = False
-        errors = 0
-        for call in tool_calls:
-            validate_call(call, self.tools)
-            record = {"name": call.name, "arguments": call.arguments, "id": call.id, "error": call.error}
-            if call.error:
-                errors += 1
-                output, exit_code = f"error: {call.error}", None
-            elif call.name == "submit":
-                submitted = True
-                output, exit_code = "submitted", 0
-            else:
-                result = await self._tools.run(call)
-                output, exit_code = result.output, result.exit_code
-                errors += int(result.error)
-                if result.sandbox_died:
-                    record.update(output=output, exit_code=exit_code)
-                    records.append(record)
-                    return await self._finish(records, errors, "env_error")
-            record.update(output=output, exit_code=exit_code)
-            records.append(record)
-            observation.append(
-                {"role": "tool", "content": output, "name": call.name or "invalid", "tool_call_id": call.id}
-            )
-            if submitted:
-                break
-        if submitted:
-            return await self._finish(records, errors, "completed")
-        if not tool_calls:
-            if self.on_no_tool_call == "end":
-                return await self._finish(records, errors, "completed")
-            observation.append({"role": "user", "content": REMINDER})
-        if self._turns >= self.max_turns:
-            return await self._finish(records, errors, "max_turns")
-        return StepResult(observation, 0.0, False, {"tool_calls": records, "tool_call_errors": errors})
-
-    async def _finish(self, records, errors, status) -> StepResult:
-        self._done = True
-        fresh = self._fresh_sandbox()  # starts while the episode's sandbox is read and closed
-        try:
-            patch = await self.sandbox.diff(self._base)
-        except SandboxError as e:  # the workspace cannot be read (its sandbox died): nothing to grade
-            patch, error = None, f"the workspace could not be read: {e}"
-        await self._close_sandbox()  # every process the agent started goes with it, before grading
-        if patch is None:
-            self._dispose(fresh)
-            reward, self.last_grade = 0.0, {"reward": 0.0, "error": error}
-        else:
-            reward = await self.grade_patch(patch, fresh)
-        return StepResult(
-            [],
-            reward,
-            True,
-            {"tool_calls": records, "tool_call_errors": errors, "status": status, "grade": self.last_grade},
-        )
-
-    async def grade(self) -> float:
-        """Grade the workspace as it is now (``grade_patch`` of its diff); the episode's sandbox stays."""
-        if self.sandbox is None or self.spec is None:
-            raise RuntimeError("grade() needs a reset() first")
-        return await self.grade_patch(await self.sandbox.diff(self._base))
-
-    def _fresh_sandbox(self) -> tuple[Any, asyncio.Future]:
-        sandbox = make_sandbox(self.backend, **self.sandbox_config)
-        return sandbox, asyncio.ensure_future(sandbox.start())
-
-    def _dispose(self, fresh: tuple[Any, asyncio.Future]) -> None:
-        """Close a grading sandbox in the background (``close()`` waits for it)."""
-        sandbox, starting = fresh
-
-        async def dispose() -> None:
-            await asyncio.gather(starting, return_exceptions=True)
-            await sandbox.close()
-
-        task = asyncio.ensure_future(dispose())
-        self._disposing.add(task)
-        task.add_done_callback(self._disposing.discard)
-
     async def grade_patch(self, patch: str, fresh: tuple[Any, asyncio.Future] | None = None) -> float:
         """1.0 when the task's whole suite passes with ``patch``'s edits of the package's source.
 
@@ -367,7 +268,7 @@ class BugfixEnv:
         kept, dropped = filter_patch(patch, [self.spec.package])
         report: dict[str, Any] = {"dropped_paths": [f"{p} ({why})" for p, why in dropped]}
         self.last_grade = report
-        fresh = fresh or self._fresh_sandbox()
+        fresh = fresh or self._fresh()
         sandbox, starting = fresh
         try:
             await starting
@@ -413,16 +314,6 @@ class BugfixEnv:
         passed = int(match[-1]) if match else 0
         ok = "failed" not in r.output and "error" not in r.output.lower() and passed == self.spec.n_tests
         return (1.0 if ok else 0.0), r.output
-
-    async def _close_sandbox(self) -> None:
-        if self.sandbox is not None:
-            sandbox, self.sandbox = self.sandbox, None
-            await sandbox.close()
-
-    async def close(self) -> None:
-        await self._close_sandbox()
-        while self._disposing:
-            await asyncio.gather(*self._disposing, return_exceptions=True)
 
 
 def _compact(spec: dict[str, Any]) -> dict[str, Any]:

@@ -23,12 +23,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.env import Demonstration, DemoTurn, Observation, StepResult, Task
+from agentrl.coding_env import CodingEpisodeEnv
+from agentrl.env import Demonstration, DemoTurn, Observation, Task
 from agentrl.envs.swe import grading
 from agentrl.envs.swe.rows import SweRow, load_rows
 from agentrl.envs.swe.tree import trees
-from agentrl.sandbox import SandboxError, make_sandbox, resolve_kind
-from agentrl.tools import CODING_TOOLS, CodingTools, ToolCall, validate_call
+from agentrl.sandbox import make_sandbox, resolve_kind
+from agentrl.tools import CODING_TOOLS, ToolCall
 
 SHIPPED = Path(__file__).parent / "tasks" / "tasks.jsonl"
 SYSTEM_PROMPT = (
@@ -41,7 +42,6 @@ PROMPT = """The repository of {repo} {version} is in the current directory. A us
 
 Fix the library's source so that the behaviour is correct. The tests that check this are not in the
 repository; do not add or edit tests. When you are done, call `submit`."""
-REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
 # One commit, no reflog, no remote, no hooks, nothing else git keeps: the fix cannot be recovered
 # from the repository (the tree is uploaded without a .git; the one the sandbox made is replaced).
 GIT_INIT = (
@@ -57,7 +57,7 @@ def _rows(path: str) -> tuple[SweRow, ...]:
     return tuple(load_rows(path))
 
 
-class SweEnv:
+class SweEnv(CodingEpisodeEnv):
     """An ``AgentEnv``; one sandbox per episode, made at ``reset``; grading in a fresh one."""
 
     deterministic = True
@@ -74,25 +74,16 @@ class SweEnv:
         on_no_tool_call: str = "remind",
         max_observation_chars: int = 10_000,
     ):
-        if on_no_tool_call not in ("end", "remind"):
-            raise ValueError(f"on_no_tool_call must be 'end' or 'remind'; got {on_no_tool_call!r}")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1; got {max_turns}")
+        self._init_episode(max_turns, on_no_tool_call)
         self.path = str(Path(tasks).resolve()) if tasks else str(SHIPPED)
         self.rows = {row.instance_id: row for row in _rows(self.path)}
         self.backend = resolve_kind(sandbox)
         self.sandbox_config = dict(sandbox_config or {})
-        self.max_turns, self.command_timeout, self.grade_timeout = max_turns, command_timeout, grade_timeout
-        self.partial_credit, self.on_no_tool_call = bool(partial_credit), on_no_tool_call
+        self.command_timeout, self.grade_timeout = command_timeout, grade_timeout
+        self.partial_credit = bool(partial_credit)
         self.max_observation_chars = max_observation_chars
         self.tools = list(CODING_TOOLS)
-        self.sandbox = None
         self.row: SweRow | None = None
-        self._tools: CodingTools | None = None
-        self._base = ""
-        self._turns, self._done = 0, False
-        self.last_grade: dict[str, Any] | None = None
-        self._disposing: set[asyncio.Task] = set()
 
     # -- tasks --
     def tasks(self, split: str) -> list[Task]:
@@ -148,106 +139,31 @@ class SweEnv:
             config.setdefault("image", row.image)
         return make_sandbox(self.backend, **config)
 
+    def _new_sandbox(self):
+        return self._sandbox(self.row)
+
+    def _grade_failed(self, error: str) -> dict[str, Any]:
+        return {"instance_id": self.row.instance_id, "reward": 0.0, "error": error}
+
     async def reset(self, task: Task) -> Observation:
         await self._close_sandbox()
         self.row = self.row_of(task)
         self._check_backend(self.row)
-        self.sandbox = self._sandbox(self.row)
-        await self.sandbox.start()
+        self.sandbox = sandbox = self._sandbox(self.row)  # closed by the next reset or close
+        await sandbox.start()
         if self.row.from_image:  # the image holds the repository: back to base_commit, history dropped
             # ignored files (the image's build products) stay in the tree, out of the commit
             init = GIT_INIT.replace("git add -A -f", "git add -A")
             setup = f"git reset -q --hard {self.row.base_commit} && git clean -fdq && {init}"
         else:
             _, agent_tree = await asyncio.to_thread(trees, self.row)
-            await self.sandbox.upload(str(agent_tree), self.sandbox.workdir)
+            await sandbox.upload(str(agent_tree), sandbox.workdir)
             setup = GIT_INIT
-        setup = await self.sandbox.exec(setup, timeout=300)
+        setup = await sandbox.exec(setup, timeout=300)
         if setup.exit_code != 0:
             raise RuntimeError(f"{self.row.instance_id}: workspace setup failed: {setup.output[-500:]}")
-        self._base = setup.output.split()[-1]
-        self._tools = CodingTools(
-            self.sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
-        )
-        self._turns, self._done, self.last_grade = 0, False, None
+        self._begin_episode(sandbox, setup.output.split()[-1])
         return self.observation(task)
-
-    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
-        if self.sandbox is None or self._done:
-            raise RuntimeError(
-                "step() called before reset() or after the episode ended; call reset(task) first"
-            )
-        self._turns += 1
-        observation, records, errors, submitted = [], [], 0, False
-        for call in tool_calls:
-            validate_call(call, self.tools)
-            record = {"name": call.name, "arguments": call.arguments, "id": call.id, "error": call.error}
-            if call.error:
-                errors += 1
-                output, exit_code = f"error: {call.error}", None
-            elif call.name == "submit":
-                submitted, output, exit_code = True, "submitted", 0
-            else:
-                result = await self._tools.run(call)
-                output, exit_code = result.output, result.exit_code
-                errors += int(result.error)
-                if result.sandbox_died:
-                    record.update(output=output, exit_code=exit_code)
-                    return await self._finish([*records, record], errors, "env_error")
-            record.update(output=output, exit_code=exit_code)
-            records.append(record)
-            observation.append(
-                {"role": "tool", "content": output, "name": call.name or "invalid", "tool_call_id": call.id}
-            )
-            if submitted:
-                break
-        if submitted:
-            return await self._finish(records, errors, "completed")
-        if not tool_calls:
-            if self.on_no_tool_call == "end":
-                return await self._finish(records, errors, "completed")
-            observation.append({"role": "user", "content": REMINDER})
-        if self._turns >= self.max_turns:
-            return await self._finish(records, errors, "max_turns")
-        return StepResult(observation, 0.0, False, {"tool_calls": records, "tool_call_errors": errors})
-
-    async def _finish(self, records, errors, status) -> StepResult:
-        self._done = True
-        fresh = self._fresh()  # starts while the episode's sandbox is read and closed
-        try:
-            patch = await self.sandbox.diff(self._base)
-        except SandboxError as e:
-            patch, error = None, f"the workspace could not be read: {e}"
-        await self._close_sandbox()  # every process the agent started goes with it, before grading
-        if patch is None:
-            self._dispose(fresh)
-            self.last_grade = {"instance_id": self.row.instance_id, "reward": 0.0, "error": error}
-        else:
-            await self.grade_patch(patch, fresh)
-        info = {"tool_calls": records, "tool_call_errors": errors, "status": status, "grade": self.last_grade}
-        return StepResult([], self.last_grade["reward"], True, info)
-
-    async def grade(self) -> float:
-        """Grade the workspace as it is now; the episode's sandbox stays."""
-        if self.sandbox is None or self.row is None:
-            raise RuntimeError("grade() needs a reset() first")
-        await self.grade_patch(await self.sandbox.diff(self._base))
-        return self.last_grade["reward"]
-
-    def _fresh(self):
-        sandbox = self._sandbox(self.row)
-        return sandbox, asyncio.ensure_future(sandbox.start())
-
-    def _dispose(self, fresh) -> None:
-        sandbox, starting = fresh
-
-        async def dispose() -> None:
-            await asyncio.gather(starting, return_exceptions=True)
-            await sandbox.close()
-
-        task = asyncio.ensure_future(dispose())
-        self._disposing.add(task)
-        task.add_done_callback(self._disposing.discard)
 
     async def grade_patch(self, patch: str, fresh=None, row: SweRow | None = None) -> dict[str, Any]:
         """Grade ``patch`` against ``row`` (the episode's by default) in a fresh sandbox; the report
@@ -278,13 +194,3 @@ class SweEnv:
             self._dispose(fresh)
         self.last_grade = report
         return report
-
-    async def _close_sandbox(self) -> None:
-        if self.sandbox is not None:
-            sandbox, self.sandbox = self.sandbox, None
-            await sandbox.close()
-
-    async def close(self) -> None:
-        await self._close_sandbox()
-        while self._disposing:
-            await asyncio.gather(*self._disposing, return_exceptions=True)

@@ -152,22 +152,21 @@ def _source_files(root: Path) -> list[Path]:
 
 
 async def _validated(rows: list[dict], base: Path, kinds: Sequence[str], log) -> list[dict]:
-    """The rows whose gold resolves and whose empty patch does not, in a fresh sandbox of each kind."""
+    """The rows that pass ``grading.validation_checks`` in a fresh sandbox of each kind."""
     kept = []
     for raw in rows:
         row = parse_row(raw, base)
         full, _ = trees(row)
         ok = True
         for kind in kinds:
-            for patch, want in ((row.patch, True), ("", False)):
+            for name, patch, want in grading.validation_checks(row):
                 config = {"image": row.image} if kind == "docker" else {}
                 async with make_sandbox(kind, **config) as sandbox:
                     report = await grading.grade(sandbox, row, full, patch)
                 if report["resolved"] != want:
                     ok = False
-                    log(
-                        f"  {row.instance_id}: dropped, {'gold' if want else 'empty patch'} in {kind}: {report.get('error') or report.get('junit_disagrees') or report.get('log_tail', '')[-800:]}"
-                    )
+                    why = report.get("error") or report.get("junit_disagrees") or report.get("log_tail", "")
+                    log(f"  {row.instance_id}: dropped, {name} in {kind}: {str(why)[-800:]}")
                     break
             if not ok:
                 break

@@ -10,14 +10,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from agentrl.envs.swe import grading
 from agentrl.envs.swe.rows import RowError, SweRow
-
-CONFTEST_TAMPER = (
-    "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
-    "@@ -0,0 +1,6 @@\n+import pytest\n+@pytest.hookimpl(hookwrapper=True)\n"
-    "+def pytest_runtest_makereport(item, call):\n+    out = yield\n+    report = out.get_result()\n"
-    '+    report.outcome = "passed"\n'
-)
 
 
 def add_commands(commands) -> None:
@@ -110,23 +104,20 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = sample(list(env.rows.values()), args.sample)
-    checks = (
-        ("gold", lambda r: r.patch, True),
-        ("empty", lambda r: "", False),
-        ("tamper", lambda r: CONFTEST_TAMPER, False),
-    )
-    jobs = [(row, make(row)) for row in rows for _, make, _ in checks]
+    checks = {row.instance_id: grading.validation_checks(row) for row in rows}
+    jobs = [(row, patch) for row in rows for _, patch, _ in checks[row.instance_id]]
     reports = asyncio.run(_grade_all(env, jobs, args.concurrency))
-    mismatches = 0
-    print("| instance | gold | empty | conftest tamper | ok |\n|---|---|---|---|---|")
+    mismatches, n = 0, len(grading.validation_checks(rows[0])) if rows else 0
+    names = [name for name, _, _ in grading.validation_checks(rows[0])] if rows else []
+    print(f"| instance | {' | '.join(names)} | ok |\n|{'---|' * (n + 2)}")
     for i, row in enumerate(rows):
-        got = [reports[3 * i + k]["resolved"] for k in range(3)]
-        ok = got == [want for _, _, want in checks]
+        got = [reports[n * i + k]["resolved"] for k in range(n)]
+        ok = got == [want for _, _, want in checks[row.instance_id]]
         mismatches += not ok
         cells = " | ".join("resolved" if g else "not resolved" for g in got)
         print(f"| {row.instance_id} | {cells} | {'yes' if ok else 'NO'} |")
         if not ok:
-            for (name, _, _), report in zip(checks, reports[3 * i : 3 * i + 3], strict=True):
+            for (name, _, _), report in zip(checks[row.instance_id], reports[n * i : n * i + n], strict=True):
                 if "error" in report:
                     print(f"    {name}: {report['error'][:300]}", file=sys.stderr)
     print(f"{len(rows) - mismatches} of {len(rows)} rows as expected")

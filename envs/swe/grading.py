@@ -336,3 +336,19 @@ async def grade_image_row(sandbox, row: SweRow, patch: str, timeout: float = 180
     report.update(resolved=resolved, tests_status=swe.get("tests_status", {}), log_tail=log[-2000:])
     report["reward"] = 1.0 if resolved else 0.0
     return report
+
+
+# A submission that adds a conftest.py turning every report into a pass: grading must not count it.
+CONFTEST_TAMPER = (
+    "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+    "@@ -0,0 +1,6 @@\n+import pytest\n+@pytest.hookimpl(hookwrapper=True)\n"
+    "+def pytest_runtest_makereport(item, call):\n+    out = yield\n+    report = out.get_result()\n"
+    '+    report.outcome = "passed"\n'
+)
+
+
+def validation_checks(row: SweRow) -> list[tuple[str, str, bool]]:
+    """What makes a row sound, as (name, patch, resolved wanted): its gold patch resolves it; an empty
+    patch and a conftest that rewrites reports as passes do not. ``agentrl swe validate`` and the
+    builder (which keeps only rows that pass them in every backend) both check these."""
+    return [("gold", row.patch, True), ("empty", "", False), ("conftest tamper", CONFTEST_TAMPER, False)]

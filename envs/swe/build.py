@@ -129,11 +129,26 @@ def _assertion(output: str, test: str) -> str:
     return ""
 
 
-def problem_statement(package: str, function: str, test: str, assertion: str, n_failing: int) -> str:
+HINT_LEVELS = (0, 1, 2)
+
+
+def problem_statement(
+    package: str, function: str, test: str, assertion: str, n_failing: int, hints: int = 1, file: str = ""
+) -> str:
+    """The issue text: what fails and a failing test's assertion, never the fix. ``hints`` says
+    where to look: 0 nothing beyond the package, 1 the function (the default), 2 the function and
+    its file."""
+    if hints not in HINT_LEVELS:
+        raise ValueError(
+            f"hints must be one of {HINT_LEVELS} (0: no location, 1: function, 2: file too); got {hints!r}"
+        )
     where = function.split(".<locals>")[0]
     plural = n_failing != 1
+    around = ""
+    if hints >= 1:
+        around = f" around `{where}`" + (f" in `{file}`" if hints >= 2 and file else "")
     text = (
-        f"Something in `{package}` around `{where}` no longer behaves as documented. "
+        f"Something in `{package}`{around} no longer behaves as documented. "
         f"{n_failing} test{'s' if plural else ''} of the project's suite fail{'' if plural else 's'}, "
         f"for example `{test}`"
     )
@@ -190,9 +205,13 @@ async def build_async(
     max_tries: int = 400,
     test_args: str = "",
     per_function: int = 1,
+    hints: int = 1,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
-    """``test_args``: pytest arguments every run of the suite needs (they go into the rows' test_cmd)."""
+    """``test_args``: pytest arguments every run of the suite needs (they go into the rows' test_cmd);
+    ``hints``: how much the problem statements say about where the bug is (``problem_statement``)."""
+    if hints not in HINT_LEVELS:
+        raise ValueError(f"hints must be one of {HINT_LEVELS}; got {hints!r}")
     kinds = list(dict.fromkeys(resolve_kind(k) for k in sandboxes))
     digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
     rows: list[dict] = []
@@ -249,7 +268,13 @@ async def build_async(
                         "repo": f"pypi/{package}",
                         "version": version,
                         "problem_statement": problem_statement(
-                            package, mutant.function, f2p[0], _assertion(output, f2p[0]), len(f2p)
+                            package,
+                            mutant.function,
+                            f2p[0],
+                            _assertion(output, f2p[0]),
+                            len(f2p),
+                            hints=hints,
+                            file=rel,
                         ),
                         "FAIL_TO_PASS": f2p,
                         "PASS_TO_PASS": p2p,
@@ -297,6 +322,7 @@ async def combine_async(
     n: int = 3,
     sandboxes: Sequence[str] = ("auto",),
     max_f2p: int = 50,
+    hints: int = 1,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
     """Up to ``n`` harder tasks, each the bugs of two validated rows of one file at once (both fixes
@@ -345,6 +371,8 @@ async def combine_async(
                             a["FAIL_TO_PASS"][0],
                             _assertion(output, a["FAIL_TO_PASS"][0]),
                             len(f2p),
+                            hints=hints,
+                            file=a["created_by"]["file"],
                         ).replace("\nFind the cause", f"\n`{shown}` fails as well.\n\nFind the causes"),
                         "FAIL_TO_PASS": f2p,
                         "PASS_TO_PASS": p2p,

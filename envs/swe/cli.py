@@ -40,6 +40,13 @@ def add_commands(commands) -> None:
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--split", default="train")
     build.add_argument(
+        "--hints",
+        type=int,
+        choices=[0, 1, 2],
+        default=1,
+        help="where the problem statement says to look: 0 nowhere, 1 the function, 2 its file too",
+    )
+    build.add_argument(
         "--sandbox",
         nargs="+",
         default=["auto"],
@@ -212,6 +219,7 @@ def _build(args: argparse.Namespace) -> int:
         seed=args.seed,
         split=args.split,
         sandboxes=args.sandbox,
+        hints=args.hints,
     )
     write(rows, out / "tasks.jsonl")
     print(

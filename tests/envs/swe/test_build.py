@@ -4,6 +4,8 @@ shipped set validates on a sample spread over its packages."""
 
 import json
 
+import pytest
+
 from agentrl.cli import main
 from agentrl.envs.swe import SHIPPED
 from agentrl.envs.swe.build import build, write
@@ -91,3 +93,16 @@ def test_two_bugs_of_one_file_make_a_harder_task(tmp_path, monkeypatch):
     a, b = (next(s for s in singles if s["instance_id"] == i) for i in row["created_by"]["combined"])
     assert set(a["FAIL_TO_PASS"]) | set(b["FAIL_TO_PASS"]) <= set(row["FAIL_TO_PASS"])  # both fixes needed
     assert row["patch"].count("\n-") >= 2 and row["instance_id"].endswith("__c000")
+
+
+def test_hint_levels_say_more_about_where_and_never_the_fix():
+    from agentrl.envs.swe.build import problem_statement
+
+    args = ("toolz", "itertoolz.Cls.frequencies", "tests/test_x.py::test_f", "assert 1 == 2", 3)
+    texts = [problem_statement(*args, hints=h, file="toolz/itertoolz.py") for h in (0, 1, 2)]
+    assert "frequencies" not in texts[0] and "itertoolz.py" not in texts[0]
+    assert "`itertoolz.Cls.frequencies`" in texts[1] and "itertoolz.py`" not in texts[1]
+    assert "`itertoolz.Cls.frequencies` in `toolz/itertoolz.py`" in texts[2]
+    assert all("tests/test_x.py::test_f" in t and "assert 1 == 2" in t and "3 tests" in t for t in texts)
+    with pytest.raises(ValueError, match="hints must be one of"):
+        problem_statement(*args, hints=3)

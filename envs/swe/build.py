@@ -26,6 +26,7 @@ import re
 import shlex
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -38,7 +39,11 @@ from agentrl.sandbox import make_sandbox, resolve_kind
 IMAGE = "agentrl/base:bookworm"
 ROW_TEST_CMD = 'python -m pytest -rA --tb=no -p no:cacheprovider -o addopts=""'
 STATUS = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S+)", re.MULTILINE)
-SUITE_TIMEOUT = 600.0
+SUITE_TIMEOUT = 600.0  # a pristine run
+# A mutant's run is stopped after this many times the slowest pristine run (at least
+# MUTANT_TIMEOUT_MIN s): a mutant that loops forever (a broken loop condition) would otherwise hold
+# the build for SUITE_TIMEOUT each time.
+MUTANT_TIMEOUT_FACTOR, MUTANT_TIMEOUT_MIN = 10.0, 60.0
 
 
 def parse_statuses(output: str) -> dict[str, str]:
@@ -58,6 +63,7 @@ class Suite:
 
     def __init__(self, kind: str, root: Path, test_cmd: str):
         self.kind, self.root, self.test_cmd = kind, root, test_cmd
+        self.timeout, self.slowest = SUITE_TIMEOUT, 0.0  # the slowest run so far, in seconds
         config = {"image": IMAGE} if kind == "docker" else {}
         self.sandbox = make_sandbox(kind, **config)
 
@@ -81,7 +87,9 @@ class Suite:
                 f"find . -name __pycache__ -prune -exec rm -rf {{}} +; {grading.PYTHON_SHIM}; "
                 f"{grading.CLEAR_ENV}{self.test_cmd.replace('--tb=no', '--tb=short')} {selected} 2>&1"
             )
-            result = await self.sandbox.exec(command, timeout=SUITE_TIMEOUT, output_cap=64 * 2**20)
+            started = time.monotonic()
+            result = await self.sandbox.exec(command, timeout=self.timeout, output_cap=64 * 2**20)
+            self.slowest = max(self.slowest, time.monotonic() - started)
         finally:
             for rel in replace:
                 await self.sandbox.write_file(rel, (self.root / rel).read_text())
@@ -235,6 +243,7 @@ async def build_async(
                 if kind != kinds[0]:
                     await suite.__aexit__()
         stable = await selectable(suite, stable) if stable else stable
+        suite.timeout = min(SUITE_TIMEOUT, max(MUTANT_TIMEOUT_MIN, MUTANT_TIMEOUT_FACTOR * suite.slowest))
         log(f"{package} {version}: {len(stable)} tests pass 3 times of 3 in {', '.join(kinds)}, and by id")
         try:
             if not stable:

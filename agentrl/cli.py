@@ -338,6 +338,17 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_local(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError
+    from agentrl.rollout.serve_local import main as serve
+
+    try:
+        serve(args.model, args.host, args.port, device=args.device, max_context=args.max_context)
+    except (ConfigError, ImportError, OSError, ValueError) as e:
+        return _error(f"agentrl serve local --model {args.model}: {e}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         # One line like every other input error; subcommands' parsers are of this class too.
@@ -421,6 +432,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--store", default=None, help="keep every episode in a trajectory store here")
     evaluate.set_defaults(func=_eval)
+
+    serve = commands.add_parser("serve", help="serve a policy over SGLang's HTTP API")
+    serve_commands = serve.add_subparsers(dest="serve_command", metavar="SERVER", required=True)
+    local = serve_commands.add_parser(
+        "local",
+        help="the embedded engine over SGLang's HTTP API (engine.kind=sglang engine.url=http://HOST:PORT)",
+    )
+    local.add_argument("--model", required=True, help="tiny | smollm2 | a local Hugging Face model directory")
+    local.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    local.add_argument("--port", type=int, default=30000, help="port (default 30000, SGLang's)")
+    local.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    local.add_argument(
+        "--max-context", type=int, default=None, help="tokens a request may hold (default: the model's)"
+    )
+    local.set_defaults(func=_serve_local)
 
     config = commands.add_parser(
         "config", help="print a recipe's resolved config: every field, its value, default and description"

@@ -128,7 +128,34 @@ class ModelConfig(Section):
 class EngineConfig(Section):
     kind: str = "local"
     """Inference engine that serves the policy to the rollouts: ``local`` (in-process transformers,
-    batched). Engines are registered in ``agentrl.registry.ENGINES``."""
+    batched) or ``sglang`` (an HTTP client to SGLang, its router, or ``agentrl serve local`` at
+    ``engine.url``). Engines are registered in ``agentrl.registry.ENGINES``."""
+    url: str | None = None
+    """``sglang``: base URL of the server or router (``http://127.0.0.1:30000``); required there."""
+    model_path: str | None = None
+    """``sglang``: the model path the server must report in ``/model_info`` (None: not checked). The
+    run stops at start when they differ."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """``sglang``: seconds one ``/generate`` attempt may take before it is retried."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """``sglang``: seconds to open a connection (and to wait for ``/health`` and ``/abort_request``)."""
+    retry_deadline_s: float = Field(120.0, gt=0)
+    """``sglang``: seconds one call keeps retrying refused or reset connections, timeouts, 502/503/504
+    and truncated bodies (exponential backoff with jitter) before the engine is asked ``/health``."""
+    startup_timeout_s: float = Field(300.0, gt=0)
+    """``sglang``: seconds to wait at start for the server to answer ``/health`` (it may be loading)."""
+    extra_sampling: dict[str, Any] = Field(default_factory=dict)
+    """``sglang``: more ``sampling_params`` keys sent with every request (e.g. ``min_p``); a key SGLang
+    does not know is refused at start, with the valid ones."""
+    abort_urls: list[str] = Field(default_factory=list)
+    """``sglang``: the workers behind a router, which cancelled requests' ``/abort_request`` and weight
+    updates go to (the router forwards neither); empty: the router's ``GET /workers``, else ``url``."""
+    sync_dir: str | None = None
+    """``sglang``: directory, readable by every server, where the trainer writes each weight update as
+    a Hugging Face checkpoint for ``/update_weights_from_disk``; None: ``run_dir/engine_weights``."""
+    sync_on_start: bool = True
+    """``sglang``: push the policy's weights to the server when the run starts, so that it serves
+    exactly what the trainer trains (off: the server keeps the weights it was started with)."""
 
     @field_validator("kind")
     @classmethod
@@ -136,6 +163,18 @@ class EngineConfig(Section):
         from agentrl.registry import ENGINES
 
         return _registered(value, ENGINES)
+
+    @model_validator(mode="after")
+    def _url(self) -> EngineConfig:
+        if self.kind == "sglang":
+            if not self.url:
+                raise ValueError(
+                    "engine.kind sglang needs engine.url, the server's base URL (e.g. "
+                    "engine.url=http://127.0.0.1:30000; `agentrl serve local --model ...` starts one)"
+                )
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"engine.url must start with http:// or https://; got {self.url!r}")
+        return self
 
 
 class TrainerConfig(Section):

@@ -220,5 +220,7 @@ def test_concurrent_picks_spread_over_hosts(monkeypatch):
 
 def test_pick_names_every_dead_host(monkeypatch):
     monkeypatch.setattr(docker_backend, "_healthy", lambda host: (False, f"{host[6:7]} refused"))
-    with pytest.raises(docker_backend.SandboxError, match=r"tcp://a:2375: a refused; tcp://b:2375: b refused"):
+    with pytest.raises(
+        docker_backend.SandboxError, match=r"tcp://a:2375: a refused; tcp://b:2375: b refused"
+    ):
         docker_backend.pick_host(["tcp://a:2375", "tcp://b:2375"])

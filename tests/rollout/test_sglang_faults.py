@@ -11,6 +11,7 @@ import pytest
 from agentrl.env import Observation, Task
 from agentrl.models import tiny_chat_model
 from agentrl.rollout.agent_loop import LoopConfig, run_episode
+from agentrl.rollout.engine import EngineError, SamplingParams
 from agentrl.rollout.serve_local import local_server
 from agentrl.rollout.sglang import SGLangEngine
 from tests.rollout.fakes import EchoEnv
@@ -124,3 +125,30 @@ def test_a_server_killed_mid_run_and_restarted(tmp_path, tiny):
     assert not errors, errors[:3]
     # Episodes the kill caught complete after retry: the client's deadline outlasts the restart.
     assert statuses.count("completed") == len(statuses), (statuses, time.time())
+
+
+def test_past_the_deadline_health_decides_whether_the_error_is_transient(tiny):
+    model, tok = tiny
+    server = local_server(model, tok, "tiny", max_context=1024)
+    params = SamplingParams(max_new_tokens=2, temperature=0)
+
+    async def go(url):
+        proxy = FaultProxy(url, {"503": 1.0})  # every /generate answered 503; /health passes
+        engine = SGLangEngine(await proxy.start(), retry_deadline_s=0.5)
+        dead = SGLangEngine(f"http://127.0.0.1:{free_port()}", retry_deadline_s=0.5)
+        errors = []
+        for e in (engine, dead):
+            try:
+                await e.generate([1, 2, 3], params)
+            except EngineError as error:
+                errors.append(error)
+            await e.close()
+        await proxy.close()
+        return errors, engine, dead
+
+    with serving(server) as url:
+        (busy, down), engine, dead = asyncio.run(go(url))
+    assert busy.transient and "answered 503" in str(busy) and "it answers /health" in str(busy)
+    assert not down.transient and "does not answer /health: it is down" in str(down)
+    assert engine.stats["retries"]["http_503"] >= 1 and dead.stats["retries"]["connection"] >= 1
+    assert engine.stats["failed"] == dead.stats["failed"] == 1

@@ -1,0 +1,119 @@
+"""``agentrl serve sglang``: the processes it starts (SGLang itself cannot run here, so its argv is
+checked, and the launcher runs real stand-in servers): the health wait, the logs, the group stop."""
+
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+from agentrl.rollout.sglang_launch import Launcher, Process, sglang_plan
+from tests.rollout.http_servers import free_port
+
+PY = sys.executable
+
+
+def test_one_server_or_a_router_in_front_of_several():
+    (one,) = sglang_plan("/models/qwen", tp=2, port=31000, python=PY)
+    assert one.argv == [
+        PY, "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--host", "127.0.0.1",
+        "--port", "31000", "--tp-size", "2", "--dp-size", "1", "--base-gpu-id", "0",
+    ]  # fmt: skip
+    assert (one.url, one.health) == ("http://127.0.0.1:31000", "/health_generate")
+    *servers, router = sglang_plan("/m", tp=2, dp=2, servers=3, port=31000, python=PY)
+    assert [s.url for s in servers] == [f"http://127.0.0.1:{p}" for p in (31001, 31002, 31003)]
+    assert [s.argv[s.argv.index("--base-gpu-id") + 1] for s in servers] == [
+        "0",
+        "4",
+        "8",
+    ]  # tp * dp GPUs each
+    assert router.argv == [
+        PY, "-m", "sglang_router.launch_router", "--worker-urls", *[s.url for s in servers],
+        "--host", "127.0.0.1", "--port", "31000", "--policy", "cache_aware",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="--servers must be >= 1; got 0"):
+        sglang_plan("/m", servers=0)
+
+
+STAND_IN = textwrap.dedent(
+    """
+    import http.server, subprocess, sys, time
+    child = subprocess.Popen(["sleep", "300"])  # what SGLang's scheduler processes are to it
+    open(sys.argv[2], "w").write(str(child.pid))
+    time.sleep(float(sys.argv[3]))  # loading the model
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health_generate" else 404)
+            self.end_headers()
+        def log_message(self, *a):
+            print("request", self.path, flush=True)
+    print("serving", flush=True)
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_the_launcher_waits_for_health_logs_each_process_and_stops_its_group(tmp_path):
+    script = tmp_path / "server.py"
+    script.write_text(STAND_IN)
+    ports = [free_port(), free_port()]
+    plan = [
+        Process(
+            f"s{i}",
+            [PY, str(script), str(port), str(tmp_path / f"child{i}"), "0.5"],
+            f"http://127.0.0.1:{port}",
+            "/health_generate",
+        )
+        for i, port in enumerate(ports)
+    ]
+    launcher = Launcher(plan, tmp_path / "logs")
+    started = time.monotonic()
+    launcher.start(timeout_s=30)
+    assert time.monotonic() - started >= 0.5  # it waited for the model to "load"
+    children = [int((tmp_path / f"child{i}").read_text()) for i in range(2)]
+    assert all(alive(p.popen.pid) for p in plan) and all(alive(c) for c in children)
+    launcher.stop(grace_s=5)
+    assert not any(alive(p.popen.pid) for p in plan)
+    for _ in range(50):  # the children went with their group
+        if not any(alive(c) for c in children):
+            break
+        time.sleep(0.1)
+    assert not any(alive(c) for c in children)
+    for i in range(2):
+        log = (tmp_path / "logs" / f"s{i}.log").read_text()
+        assert "serving" in log and "request /health_generate" in log
+
+
+def test_a_server_that_exits_or_never_answers_is_named_with_its_log(tmp_path):
+    dying = Process(
+        "sglang-0",
+        [PY, "-c", "import sys; print('CUDA error'); sys.exit(3)"],
+        "http://127.0.0.1:9",
+        "/health",
+    )
+    launcher = Launcher([dying], tmp_path)
+    with pytest.raises(
+        RuntimeError, match=r"sglang-0 exited with status 3 before serving; see .*sglang-0.log"
+    ):
+        launcher.start(timeout_s=30)
+    launcher.stop()
+    assert "CUDA error" in (tmp_path / "sglang-0.log").read_text()
+    silent = Process(
+        "sglang-1", [PY, "-c", "import time; time.sleep(60)"], f"http://127.0.0.1:{free_port()}", "/health"
+    )
+    launcher = Launcher([silent], tmp_path)
+    with pytest.raises(RuntimeError, match=r"sglang-1 did not answer http://127.0.0.1:\d+/health in 1s"):
+        launcher.start(timeout_s=1)
+    launcher.stop(grace_s=2)
+    assert silent.popen.poll() is not None

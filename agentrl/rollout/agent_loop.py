@@ -286,8 +286,9 @@ async def run_episode(
                 key="engine_retries",
             )
             generate_s = time.monotonic() - t0
-            append(list(gen.output_ids), "assistant", list(gen.logprobs))
-            traj.weight_versions.append(str(gen.weight_version))
+            if gen.output_ids:  # an aborted request may end before its first token
+                append(list(gen.output_ids), "assistant", list(gen.logprobs))
+                traj.weight_versions.append(str(gen.weight_version))
             traj.finish_reasons.append(gen.finish_reason)
             turn += 1
             if gen.finish_reason == "abort":  # the server dropped the request (/abort_request, a pause)

@@ -299,3 +299,35 @@ def test_the_start_up_check_stops_on_another_model_or_a_shorter_context(served):
         check_server("http://127.0.0.1:9", model_path=None, max_context=8, timeout_s=0.5)
     with pytest.raises(ConfigError, match="engine.kind sglang needs engine.url"):
         load_config(TrainConfig, None, ["engine.kind=sglang"])
+
+
+def test_a_generation_the_server_aborts_ends_the_episode_as_aborted(tiny, served):
+    from agentrl.env import Task
+    from agentrl.rollout.agent_loop import LoopConfig, run_episode
+    from tests.rollout.fakes import EchoEnv
+
+    _, tok = tiny
+    url, server = served
+    engine = SGLangEngine(url)
+
+    async def go():
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/pause_generation", json={"mode": "retract"}) as r:
+                assert r.status == 200
+            episode = asyncio.create_task(
+                run_episode(EchoEnv(episode_len=3), engine, tok, Task("t"), LoopConfig(max_new_tokens=4))
+            )
+            while not server.running:
+                await asyncio.sleep(0.01)
+            async with s.post(f"{url}/abort_request", json={"abort_all": True}) as r:
+                assert r.status == 200
+            traj = await episode
+            async with s.post(f"{url}/continue_generation", json={}) as r:
+                assert r.status == 200
+        await engine.close()
+        return traj
+
+    traj = asyncio.run(go())
+    assert traj.status == "aborted" and traj.finish_reasons == ["abort"] and traj.reward == 0.0

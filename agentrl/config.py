@@ -156,6 +156,19 @@ class EngineConfig(Section):
     sync_on_start: bool = True
     """``sglang``: push the policy's weights to the server when the run starts, so that it serves
     exactly what the trainer trains (off: the server keeps the weights it was started with)."""
+    weight_sync: Literal["disk", "distributed"] = "disk"
+    """``sglang``: how new weights reach the servers: ``disk`` (a checkpoint under ``sync_dir``, loaded
+    with ``/update_weights_from_disk``) or ``distributed`` (broadcast over an update group that the
+    trainer and every worker rank join: pause, begin, one call per bucket, end, flush, continue)."""
+    sync_master: str = "127.0.0.1:29600"
+    """``sglang``, ``distributed``: ``address:port`` where the trainer hosts the update group's store;
+    every worker must reach it."""
+    sync_backend: Literal["nccl", "gloo"] = "nccl"
+    """``sglang``, ``distributed``: the update group's backend (``nccl`` between GPUs; ``gloo`` on CPUs)."""
+    sync_bucket_mb: float = Field(512.0, gt=0)
+    """``sglang``, ``distributed``: megabytes of tensors per ``/update_weights_from_distributed`` call."""
+    ranks_per_worker: int = Field(1, ge=1)
+    """``sglang``, ``distributed``: GPUs of one server (its tp × dp), each a rank of the update group."""
 
     @field_validator("kind")
     @classmethod

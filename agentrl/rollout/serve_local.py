@@ -5,8 +5,10 @@ cannot run (a CPU).
 An ASGI app (Starlette, served by uvicorn) with SGLang 0.5.23's endpoints and JSON
 (``agentrl.rollout.sglang_api``): ``/generate``, ``/health``, ``/health_generate``, ``/model_info``,
 ``/server_info``, ``/abort_request``, ``/flush_cache``, ``/pause_generation``, ``/continue_generation``,
-``/update_weights_from_disk``, ``/update_weight_version``. Concurrent ``/generate`` requests are
-decoded together by ``LocalEngine``'s batcher.
+``/update_weights_from_disk``, ``/update_weight_version``, and the update group's
+``/init_weights_update_group``, ``/begin_weight_update``, ``/update_weights_from_distributed``,
+``/end_weight_update``, ``/destroy_weights_update_group`` (``agentrl.rollout.sglang_sync``; gloo on a
+CPU). Concurrent ``/generate`` requests are decoded together by ``LocalEngine``'s batcher.
 
 Where it differs from SGLang, it says so with a 400 rather than answering something else:
 text prompts, streaming, several prompts in one request, prompt log-probs, and sampling keys it does
@@ -120,6 +122,8 @@ class LocalServer:
         self.aborted: dict[str, str] = {}
         self.started = time.time()
         self._resumed: asyncio.Event | None = None
+        self.groups: dict[str, Any] = {}  # weight-update groups joined, by name
+        self.updating = False  # between /begin_weight_update and /end_weight_update
 
     @property
     def resumed(self) -> asyncio.Event:
@@ -226,6 +230,55 @@ class LocalServer:
         self.model_path = body["model_path"]
         return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
 
+    async def init_weights_update_group(self, body: Any) -> dict[str, Any]:
+        from agentrl.rollout.sglang_sync import GROUP_NAME, join_update_group
+
+        try:
+            args = (
+                str(body["master_address"]), int(body["master_port"]), int(body["world_size"]),
+                int(body["rank_offset"]), str(body.get("group_name", GROUP_NAME)), str(body.get("backend", "nccl")),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadRequest(
+                f"master_address, master_port, rank_offset and world_size are required ({e!r})"
+            ) from None
+        if args[4] in self.groups:
+            raise BadRequest(f"already in the weight update group {args[4]!r}")
+        # One rank: this server's model is on one device. Blocks until the trainer has joined too.
+        self.groups[args[4]] = await asyncio.get_running_loop().run_in_executor(
+            None, join_update_group, *args
+        )
+        return {"success": True, "message": f"joined {args[4]} as rank {args[3]} of {args[2]}"}
+
+    async def update_weights_from_distributed(self, body: Any) -> dict[str, Any]:
+        from agentrl.rollout.sglang_sync import GROUP_NAME, receive
+
+        if not self.updating:  # SGLang 0.5.21+ refuses the same
+            raise BadRequest(
+                "update_weights_from_distributed must be wrapped in /begin_weight_update ... /end_weight_update"
+            )
+        group = self.groups.get(body.get("group_name", GROUP_NAME))
+        if group is None:
+            raise BadRequest(
+                f"no weight update group {body.get('group_name', GROUP_NAME)!r}: call /init_weights_update_group"
+            )
+        if body.get("abort_all_requests"):
+            self.abort(None, "aborted by a weight update")
+        tensors = await asyncio.get_running_loop().run_in_executor(
+            None, receive, group, body["names"], body["dtypes"], body["shapes"], self.engine.device
+        )
+        await self.engine.assign(tensors, body.get("weight_version"))
+        return {"success": True, "message": f"updated {len(tensors)} tensors"}
+
+    def destroy_weights_update_group(self, body: Any) -> dict[str, Any]:
+        from agentrl.rollout.sglang_sync import GROUP_NAME, leave_update_group
+
+        group = self.groups.pop(body.get("group_name", GROUP_NAME), None)
+        if group is None:
+            raise BadRequest("no such weight update group")
+        leave_update_group(group)
+        return {"success": True, "message": "left the weight update group"}
+
 
 def build_app(server: LocalServer):
     """The Starlette app over ``server``."""
@@ -330,6 +383,30 @@ def build_app(server: LocalServer):
             {"success": True, "message": f"Weight version updated to {new}", "new_version": new}
         )
 
+    def control(method):
+        """A route whose answer is ``{"success": ..., "message": ...}``: 400 with ``success: false`` on failure."""
+
+        async def route(request: Request):
+            try:
+                result = method(await body_of(request))
+                if asyncio.iscoroutine(result):
+                    result = await result
+                return JSONResponse(result)
+            except Exception as e:  # a bad request, a group that cannot form, tensors that do not fit
+                return JSONResponse(
+                    {"success": False, "message": f"{type(e).__name__}: {e}"}, status_code=400
+                )
+
+        return route
+
+    def begin(body):
+        server.updating = True
+        return {"success": True, "message": "weight update begun"}
+
+    def end(body):
+        server.updating = False
+        return {"success": True, "message": "weight update ended"}
+
     routes = [
         Route("/generate", generate, methods=["POST", "PUT"]),
         Route("/health", health, methods=["GET"]),
@@ -344,6 +421,17 @@ def build_app(server: LocalServer):
         Route("/continue_generation", continue_generation, methods=["POST"]),
         Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
         Route("/update_weight_version", update_weight_version, methods=["POST"]),
+        Route("/init_weights_update_group", control(server.init_weights_update_group), methods=["POST"]),
+        Route("/begin_weight_update", control(begin), methods=["POST"]),
+        Route(
+            "/update_weights_from_distributed",
+            control(server.update_weights_from_distributed),
+            methods=["POST"],
+        ),
+        Route("/end_weight_update", control(end), methods=["POST"]),
+        Route(
+            "/destroy_weights_update_group", control(server.destroy_weights_update_group), methods=["POST"]
+        ),
     ]
     return Starlette(routes=routes)
 

@@ -17,12 +17,15 @@ of several, or ``agentrl serve local``) over HTTP, token ids in, ids and log-pro
   safetensors) under ``sync_dir``, atomically, and asks every worker to load it with
   ``/update_weights_from_disk`` and the new ``weight_version``; ``update_weights(path=...)`` loads
   one the trainer wrote itself. Later generations carry that version.
+- Weight sync by broadcast (``weight_sync="distributed"``): the trainer joins an update group with
+  every worker rank and broadcasts the tensors bucket by bucket (``agentrl.rollout.sglang_sync``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import shutil
 import time
@@ -72,6 +75,11 @@ class SGLangEngine:
         model_config: Any = None,
         keep_synced: int = 2,
         weight_version: str = "0",
+        weight_sync: str = "disk",
+        sync_master: str = "127.0.0.1:29600",
+        sync_backend: str = "nccl",
+        bucket_bytes: int = 512 << 20,
+        ranks_per_worker: int = 1,
     ):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"engine.url must be an http(s) URL like http://127.0.0.1:30000; got {url!r}")
@@ -84,6 +92,11 @@ class SGLangEngine:
         self.sync_dir = Path(sync_dir) if sync_dir is not None else None
         self.model_config, self.keep_synced = model_config, keep_synced
         self.weight_version = weight_version
+        if weight_sync not in ("disk", "distributed"):
+            raise ValueError(f"weight_sync must be disk or distributed; got {weight_sync!r}")
+        self.weight_sync, self.sync_master, self.sync_backend = weight_sync, sync_master, sync_backend
+        self.bucket_bytes, self.ranks_per_worker = bucket_bytes, ranks_per_worker
+        self._group = None
         self.stats: dict[str, Any] = {
             "requests": 0,
             "retries": collections.Counter(),
@@ -114,6 +127,7 @@ class SGLangEngine:
             async with self._client().request(method, url, json=body, timeout=timeout) as response:
                 status = response.status
                 raw = await response.read()
+                json_body = "json" in response.headers.get("Content-Type", "")
         except TimeoutError as e:
             raise _Retry("timeout", f"{method} {url} took over {timeout_s:g}s") from e
         except aiohttp.ClientPayloadError as e:
@@ -125,9 +139,9 @@ class SGLangEngine:
         try:
             data = json.loads(raw) if raw.strip() else None
         except ValueError as e:
-            if status == 200:  # a cut body whose length header was cut with it
+            if status == 200 and json_body:  # a cut body whose length header was cut with it
                 raise _Retry("truncated", f"{method} {url}: the body is not JSON ({e})") from e
-            data = None
+            data = None  # a text answer (/flush_cache), or an error page
         return status, data
 
     async def _call(self, method: str, url: str, body: Any, timeout_s: float, on_retry=None):
@@ -251,12 +265,21 @@ class SGLangEngine:
         if (state_dict is None) == (path is None):
             raise ValueError("update_weights takes a state_dict or a path, one of them")
         new = version or _next_version(self.weight_version)
+        if state_dict is not None and self.weight_sync == "distributed":
+            from agentrl.rollout.sglang_sync import broadcast_update
+
+            await broadcast_update(self, state_dict, new)
+            self.weight_version = new
+            self.stats["weight_updates"] += 1
+            return new
         if state_dict is not None:
             if self.sync_dir is None:
                 raise ValueError(
                     "weight sync by disk needs sync_dir (engine.sync_dir): a directory the server reads"
                 )
             target = self.sync_dir / f"weights-{new}"
+            from agentrl.rollout.sglang_sync import write_checkpoint
+
             await asyncio.get_running_loop().run_in_executor(
                 None, write_checkpoint, state_dict, target, self.model_config
             )
@@ -278,6 +301,22 @@ class SGLangEngine:
                 shutil.rmtree(self._synced.pop(0), ignore_errors=True)
         return new
 
+    async def post(self, url: str, path: str, body: Any) -> tuple[int, Any]:
+        """POST ``body`` to ``url + path`` with the retries of every call: ``(status, JSON or None)``."""
+        return await self._call("POST", f"{url}{path}", body, self.update_timeout_s)
+
+    async def post_ok(self, url: str, path: str, body: dict[str, Any]) -> Any:
+        """POST ``body``; ``EngineError`` with the server's message unless it answers 200 (and, where
+        the answer has one, ``success: true``)."""
+        status, data = await self.post(url, path, body)
+        if status != 200 or (isinstance(data, dict) and data.get("success") is False):
+            raise EngineError(f"{url}{path} failed ({status}): {error_message(data, 'no message')}")
+        return data
+
+    async def post_all(self, path: str, body: dict[str, Any]) -> None:
+        """``post_ok`` to every worker at once."""
+        await asyncio.gather(*(self.post_ok(url, path, body) for url in await self.workers()))
+
     async def health(self) -> bool:
         try:
             status, _ = await self._once("GET", f"{self.url}/health", None, self.connect_timeout_s)
@@ -286,6 +325,23 @@ class SGLangEngine:
         return status == 200
 
     async def close(self) -> None:
+        if self._group is not None:
+            from agentrl.rollout.sglang_sync import GROUP_NAME, leave_update_group
+
+            for url in await self.workers():  # the servers leave first: they wait on the trainer's rank
+                with contextlib.suppress(EngineError, _Retry):
+                    await self._once(
+                        "POST",
+                        f"{url}/destroy_weights_update_group",
+                        {"group_name": GROUP_NAME},
+                        self.connect_timeout_s,
+                    )
+            leave_update_group(self._group)
+            self._group = None
+        await self._close_http()
+
+    async def _close_http(self) -> None:
+        """Close this event loop's HTTP session (after the aborts it still sends); the update group stays."""
         if self._background:
             await asyncio.wait(set(self._background), timeout=self.connect_timeout_s)
         if self._session is not None:
@@ -295,32 +351,6 @@ class SGLangEngine:
 
 def _next_version(version: str) -> str:
     return str(int(version) + 1) if version.isdigit() else f"{version}+1"
-
-
-def write_checkpoint(state_dict: dict[str, Any], target: Path, model_config: Any = None) -> Path:
-    """``target`` as a Hugging Face checkpoint (``config.json`` when ``model_config`` is given, and
-    ``model.safetensors``), written beside it and renamed into place, so that a server never reads
-    half of one."""
-    from safetensors.torch import save_file
-
-    target = Path(target)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    if model_config is not None:
-        model_config.save_pretrained(partial)
-    # Tied weights (an output head that is the embedding) are one tensor under several names:
-    # safetensors stores one of them, as Hugging Face checkpoints do, and loading ties them again.
-    tensors, seen = {}, set()
-    for name, value in state_dict.items():
-        key = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
-        if key not in seen:
-            seen.add(key)
-            tensors[name] = value.detach().to("cpu").contiguous()
-    save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
-    return target
 
 
 def server_facts(url: str, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -401,6 +431,11 @@ def from_config(policy, cfg) -> SGLangEngine:
         sync_dir=Path(e.sync_dir) if e.sync_dir else cfg.run_dir / "engine_weights",
         model_config=getattr(policy, "config", None),
         weight_version=str(info.get("weight_version") or "0"),
+        weight_sync=e.weight_sync,
+        sync_master=e.sync_master,
+        sync_backend=e.sync_backend,
+        bucket_bytes=int(e.sync_bucket_mb * (1 << 20)),
+        ranks_per_worker=e.ranks_per_worker,
     )
     if e.sync_on_start:
         _push(engine, policy.state_dict())
@@ -416,7 +451,7 @@ def _push(engine: SGLangEngine, state_dict: dict[str, Any]) -> None:
         try:
             return await engine.update_weights(state_dict)
         finally:
-            await engine.close()  # its session belongs to this loop
+            await engine._close_http()  # its session belongs to this loop; the update group is kept
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, push()).result()

@@ -96,7 +96,7 @@ class SGLangEngine:
             raise ValueError(f"weight_sync must be disk or distributed; got {weight_sync!r}")
         self.weight_sync, self.sync_master, self.sync_backend = weight_sync, sync_master, sync_backend
         self.bucket_bytes, self.ranks_per_worker = bucket_bytes, ranks_per_worker
-        self._group = None
+        self.update_group = None
         self.stats: dict[str, Any] = {
             "requests": 0,
             "retries": collections.Counter(),
@@ -325,7 +325,7 @@ class SGLangEngine:
         return status == 200
 
     async def close(self) -> None:
-        if self._group is not None:
+        if self.update_group is not None:
             from agentrl.rollout.sglang_sync import GROUP_NAME, leave_update_group
 
             for url in await self.workers():  # the servers leave first: they wait on the trainer's rank
@@ -336,8 +336,8 @@ class SGLangEngine:
                         {"group_name": GROUP_NAME},
                         self.connect_timeout_s,
                     )
-            leave_update_group(self._group)
-            self._group = None
+            leave_update_group(self.update_group)
+            self.update_group = None
         await self._close_http()
 
     async def _close_http(self) -> None:

@@ -140,7 +140,7 @@ async def broadcast_update(engine, state_dict: dict[str, Any], version: str) -> 
     flush, continue (``agentrl.rollout.sglang_sync``)."""
     loop = asyncio.get_running_loop()
     workers = await engine.workers()
-    if engine._group is None:
+    if engine.update_group is None:
         host, _, port = engine.sync_master.rpartition(":")
         world = 1 + engine.ranks_per_worker * len(workers)
         joins = [
@@ -163,20 +163,22 @@ async def broadcast_update(engine, state_dict: dict[str, Any], version: str) -> 
         group = loop.run_in_executor(
             None, join_update_group, host, int(port), world, 0, GROUP_NAME, engine.sync_backend
         )
-        engine._group, *_ = await asyncio.gather(group, *joins)
+        engine.update_group, *_ = await asyncio.gather(group, *joins)
     await engine.post_all("/pause_generation", {"mode": "retract"})  # running requests resume afterwards
     try:
         await engine.post_all("/begin_weight_update", {"selector": "all"})
-        chunks = buckets(state_dict, engine.bucket_bytes)
-        for k, bucket in enumerate(chunks):
-            body = bucket_request(bucket, GROUP_NAME, version if k == len(chunks) - 1 else None)
-            posts = [
-                asyncio.ensure_future(engine.post_ok(url, "/update_weights_from_distributed", body))
-                for url in workers
-            ]
-            await loop.run_in_executor(None, broadcast, engine._group, bucket)
-            await asyncio.gather(*posts)
-        await engine.post_all("/end_weight_update", {})
+        try:
+            chunks = buckets(state_dict, engine.bucket_bytes)
+            for k, bucket in enumerate(chunks):
+                body = bucket_request(bucket, GROUP_NAME, version if k == len(chunks) - 1 else None)
+                posts = [
+                    asyncio.ensure_future(engine.post_ok(url, "/update_weights_from_distributed", body))
+                    for url in workers
+                ]
+                await loop.run_in_executor(None, broadcast, engine.update_group, bucket)
+                await asyncio.gather(*posts)
+        finally:  # a failed update closes its session too, or the next one could not begin
+            await engine.post_all("/end_weight_update", {})
         await flush(engine, workers)
     finally:
         await engine.post_all("/continue_generation", {})

@@ -75,5 +75,24 @@ def test_two_iterations_against_serve_local_with_weight_sync_by_disk(tmp_path):
     recomputed = backend.logprobs(batch, cfg.rollout.temperature)
     gap = (recomputed - batch.rollout_logprobs)[batch.loss_mask].abs()
     assert gap.numel() > 0 and float(gap.max()) < 1e-4, float(gap.max())
+    # Collection and sync alternate: no token was sampled with weights older than the trainer's.
+    assert [r["offpolicy_tokens"] for r in records] == [0, 0]
     # Both iterations, as the trainer logged them (iteration 0: the weights pushed at start).
     assert records[0]["logprob_gap_mean_abs"] < 1e-5 and records[1]["logprob_gap_mean_abs"] < 1e-5
+
+
+def test_offpolicy_tokens_are_those_of_turns_sampled_with_another_version():
+    from agentrl.trainer.phases import offpolicy_tokens
+    from agentrl.trajectory import Trajectory, TurnSpan
+
+    # prompt 2 | assistant 3 (version "1") | tool 1 | assistant 4 (version "2")
+    turns = [
+        TurnSpan(0, 2, "prompt"),
+        TurnSpan(2, 5, "assistant"),
+        TurnSpan(5, 6, "tool"),
+        TurnSpan(6, 10, "assistant"),
+    ]
+    mask = [0, 0, 1, 1, 1, 0, 1, 1, 1, 1]
+    t = Trajectory(list(range(10)), mask, [0.0] * 10, turns, weight_versions=["1", "2"])
+    assert offpolicy_tokens([t], "2") == (3, 7) and offpolicy_tokens([t], "1") == (4, 7)
+    assert offpolicy_tokens([t, t], "3") == (14, 14)

@@ -125,13 +125,50 @@ class ModelConfig(Section):
     checkpoint directory (``runs/<name>/checkpoints/iter-000006``: its actor)."""
 
 
+class EngineLaunchConfig(Section):
+    server: Literal["none", "sglang", "local"] = "none"
+    """``engine.kind: sglang`` only: servers the run starts and stops itself, in place of ``engine.url``:
+    ``sglang`` (``python -m sglang.launch_server`` per server, ``sglang_router`` in front of several:
+    ``agentrl serve sglang``), ``local`` (``agentrl serve local``, one server), or ``none`` (connect
+    to ``engine.url``)."""
+    model: str | None = None
+    """The model the servers load (a path or id for SGLang; ``tiny``, ``smollm2`` or a directory for ``local``)."""
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel GPUs per SGLang server."""
+    dp: int = Field(1, ge=1)
+    """Data-parallel replicas per SGLang server."""
+    servers: int = Field(1, ge=1)
+    """SGLang servers; more than one get a router in front of them."""
+    host: str = "127.0.0.1"
+    """Address the servers (and router) listen on."""
+    port: int = Field(30000, ge=1, le=65535)
+    """Port of the server, or of the router in front of several (servers take the ports after it)."""
+    log_dir: str | None = None
+    """One log file per process here; None: ``run_dir/engine_logs``."""
+    timeout_s: float = Field(1800.0, gt=0)
+    """Seconds to wait for every server to generate (``/health_generate``) before the run stops."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> EngineLaunchConfig:
+        if self.server != "none" and not self.model:
+            raise ValueError(
+                f"engine.launch.server={self.server} needs engine.launch.model, the model to serve"
+            )
+        if self.server == "local" and self.servers != 1:
+            raise ValueError("engine.launch.server=local starts one server; set engine.launch.servers=1")
+        return self
+
+
 class EngineConfig(Section):
     kind: str = "local"
     """Inference engine that serves the policy to the rollouts: ``local`` (in-process transformers,
     batched) or ``sglang`` (an HTTP client to SGLang, its router, or ``agentrl serve local`` at
     ``engine.url``). Engines are registered in ``agentrl.registry.ENGINES``."""
     url: str | None = None
-    """``sglang``: base URL of the server or router (``http://127.0.0.1:30000``); required there."""
+    """``sglang``: base URL of the server or router (``http://127.0.0.1:30000``); required there unless
+    ``engine.launch`` starts the servers."""
+    launch: EngineLaunchConfig = Field(default_factory=EngineLaunchConfig)
+    """``sglang``: servers the run starts itself (and stops when it ends)."""
     model_path: str | None = None
     """``sglang``: the model path the server must report in ``/model_info`` (None: not checked). The
     run stops at start when they differ."""
@@ -179,11 +216,21 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _url(self) -> EngineConfig:
+        if self.kind != "sglang" and self.launch.server != "none":
+            raise ValueError(f"engine.launch is for engine.kind sglang; engine.kind is {self.kind}")
         if self.kind == "sglang":
+            if self.launch.server != "none":
+                if self.url:
+                    raise ValueError(
+                        f"engine.url={self.url} and engine.launch.server={self.launch.server}: the run either "
+                        "starts its servers or connects to one; drop one of them"
+                    )
+                return self
             if not self.url:
                 raise ValueError(
                     "engine.kind sglang needs engine.url, the server's base URL (e.g. "
-                    "engine.url=http://127.0.0.1:30000; `agentrl serve local --model ...` starts one)"
+                    "engine.url=http://127.0.0.1:30000; `agentrl serve local --model ...` starts one), "
+                    "or engine.launch.server (sglang or local) to start its own"
                 )
             if not self.url.startswith(("http://", "https://")):
                 raise ValueError(f"engine.url must start with http:// or https://; got {self.url!r}")

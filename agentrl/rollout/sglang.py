@@ -97,6 +97,8 @@ class SGLangEngine:
         self.weight_sync, self.sync_master, self.sync_backend = weight_sync, sync_master, sync_backend
         self.bucket_bytes, self.ranks_per_worker = bucket_bytes, ranks_per_worker
         self.update_group = None
+        self.launcher = None
+        """The servers this engine's run started (``engine.launch``), stopped by ``close``."""
         self.stats: dict[str, Any] = {
             "requests": 0,
             "retries": collections.Counter(),
@@ -339,6 +341,9 @@ class SGLangEngine:
             leave_update_group(self.update_group)
             self.update_group = None
         await self._close_http()
+        if self.launcher is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.launcher.stop)
+            self.launcher = None
 
     async def _close_http(self) -> None:
         """Close this event loop's HTTP session (after the aborts it still sends); the update group stays."""
@@ -418,16 +423,25 @@ def from_config(policy, cfg) -> SGLangEngine:
         check_sampling_keys(e.extra_sampling)  # before the server is asked anything
     except ContractError as err:
         raise ConfigError(f"engine.extra_sampling: {err}") from None
-    info = check_server(
-        e.url, model_path=e.model_path, max_context=cfg.rollout.max_context, timeout_s=e.startup_timeout_s
-    )
+    url, abort_urls, launcher = e.url, e.abort_urls or None, None
+    if e.launch.server != "none":
+        launcher, url, workers = _launch(e.launch, cfg.run_dir / "engine_logs")
+        abort_urls = abort_urls or workers
+    try:
+        info = check_server(
+            url, model_path=e.model_path, max_context=cfg.rollout.max_context, timeout_s=e.startup_timeout_s
+        )
+    except ConfigError:
+        if launcher is not None:
+            launcher.stop()
+        raise
     engine = SGLangEngine(
-        e.url,
+        url,
         request_timeout_s=e.request_timeout_s,
         connect_timeout_s=e.connect_timeout_s,
         retry_deadline_s=e.retry_deadline_s,
         extra_sampling=e.extra_sampling,
-        abort_urls=e.abort_urls or None,
+        abort_urls=abort_urls,
         sync_dir=Path(e.sync_dir) if e.sync_dir else cfg.run_dir / "engine_weights",
         model_config=getattr(policy, "config", None),
         weight_version=str(info.get("weight_version") or "0"),
@@ -437,9 +451,40 @@ def from_config(policy, cfg) -> SGLangEngine:
         bucket_bytes=int(e.sync_bucket_mb * (1 << 20)),
         ranks_per_worker=e.ranks_per_worker,
     )
+    engine.launcher = launcher
     if e.sync_on_start:
         _push(engine, policy.state_dict())
     return engine
+
+
+def _launch(launch, default_log_dir: Path):
+    """Start ``engine.launch``'s servers; ``(launcher, url, worker urls)``. Stopped by the engine's
+    ``close``, or at exit should the run end without it."""
+    import atexit
+
+    from agentrl.rollout.sglang_launch import Launcher, local_plan, sglang_plan
+
+    if launch.server == "local":
+        plan = local_plan(launch.model, host=launch.host, port=launch.port)
+    else:
+        plan = sglang_plan(
+            launch.model,
+            tp=launch.tp,
+            dp=launch.dp,
+            servers=launch.servers,
+            host=launch.host,
+            port=launch.port,
+        )
+    from agentrl.config import ConfigError
+
+    launcher = Launcher(plan, launch.log_dir or default_log_dir)
+    atexit.register(launcher.stop)
+    try:
+        launcher.start(launch.timeout_s)
+    except RuntimeError as e:
+        launcher.stop()
+        raise ConfigError(f"engine.launch.server={launch.server}: {e}") from None
+    return launcher, plan[-1].url, [p.url for p in plan if p.name != "router"]
 
 
 def _push(engine: SGLangEngine, state_dict: dict[str, Any]) -> None:

@@ -66,6 +66,26 @@ def sglang_plan(
     return plan
 
 
+def local_plan(
+    model: str, *, host: str = "127.0.0.1", port: int = 30000, python: str = sys.executable
+) -> list[Process]:
+    """``agentrl serve local`` as the one server (``engine.launch.server: local``)."""
+    argv = [
+        python,
+        "-m",
+        "agentrl.cli",
+        "serve",
+        "local",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    return [Process("serve-local", argv, f"http://{host}:{port}", "/health_generate")]
+
+
 class Launcher:
     """Starts ``plan``'s processes (logs under ``log_dir``), waits for each to serve, stops them all."""
 

@@ -117,3 +117,53 @@ def test_a_server_that_exits_or_never_answers_is_named_with_its_log(tmp_path):
         launcher.start(timeout_s=1)
     launcher.stop(grace_s=2)
     assert silent.popen.poll() is not None
+
+
+def test_a_run_can_start_its_own_server_and_stops_it_when_its_engine_closes(tmp_path):
+    import asyncio
+
+    from agentrl.config import ConfigError, TrainConfig, load_config
+    from agentrl.models import tiny_chat_model
+    from agentrl.rollout.engine import SamplingParams
+    from agentrl.rollout.sglang import from_config
+
+    with pytest.raises(ConfigError, match="either starts its servers or connects to one"):
+        load_config(
+            TrainConfig,
+            None,
+            [
+                "engine.kind=sglang",
+                "engine.url=http://x:1",
+                "engine.launch.server=local",
+                "engine.launch.model=tiny",
+            ],
+        )
+    with pytest.raises(ConfigError, match="engine.launch.server=sglang needs engine.launch.model"):
+        load_config(TrainConfig, None, ["engine.kind=sglang", "engine.launch.server=sglang"])
+    with pytest.raises(ConfigError, match="engine.launch is for engine.kind sglang; engine.kind is local"):
+        load_config(TrainConfig, None, ["engine.launch.server=local", "engine.launch.model=tiny"])
+    port = free_port()
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [f"run.output_dir={tmp_path}", "engine.kind=sglang", "engine.launch.server=local",
+         "engine.launch.model=tiny", f"engine.launch.port={port}", "rollout.max_context=1024"],
+    )  # fmt: skip
+    policy, tok = tiny_chat_model(seed=5)
+    engine = from_config(policy, cfg)  # starts `agentrl serve local`, pushes the policy to it
+    (server,) = engine.launcher.plan
+    assert engine.url == f"http://127.0.0.1:{port}" and server.popen.poll() is None
+
+    async def go():
+        gen = await engine.generate(
+            tok.encode("def f(x):", add_special_tokens=False), SamplingParams(max_new_tokens=3)
+        )
+        await engine.close()
+        return gen
+
+    gen = asyncio.run(go())
+    assert len(gen.output_ids) == 3 and gen.weight_version == "1"  # the pushed policy
+    assert server.popen.poll() is not None and engine.launcher is None
+    assert (
+        "agentrl serve local: tiny on" in (tmp_path / "run" / "engine_logs" / "serve-local.log").read_text()
+    )

@@ -40,6 +40,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from agentrl.rollout.engine import EngineError, Generation, SamplingParams
 from agentrl.rollout.sglang_api import (
     ContractError,
+    abort_request,
     check_sampling_keys,
     error_message,
     generate_request,
@@ -250,7 +251,7 @@ class SGLangEngine:
     async def abort(self, rid: str | None = None) -> None:
         """``/abort_request`` for ``rid`` (None: every request) on every worker; failures are ignored:
         the request ends on its own at its token budget."""
-        body = {"rid": rid} if rid is not None else {"abort_all": True}
+        body = abort_request(rid)
         for url in await self.workers():
             try:
                 await self._once("POST", f"{url}/abort_request", body, self.connect_timeout_s)

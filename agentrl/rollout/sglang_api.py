@@ -132,6 +132,11 @@ def generate_request(
     }
 
 
+def abort_request(rid: str | None) -> dict[str, Any]:
+    """``/abort_request``'s body: one request by ``rid``, or every request (None)."""
+    return {"rid": rid} if rid is not None else {"abort_all": True}
+
+
 def _field(data: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if not isinstance(data, dict) or key not in data:
         raise ContractError(f"{where} has no {key!r}")

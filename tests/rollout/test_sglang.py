@@ -17,6 +17,7 @@ from agentrl.rollout.sglang import from_config as sglang_from_config
 from agentrl.rollout.sglang_api import (
     SAMPLING_KEYS,
     ContractError,
+    abort_request,
     generate_request,
     parse_generation,
     sampling_params,
@@ -73,6 +74,13 @@ def test_every_request_the_client_builds_decodes_with_the_contract(params):
     assert sp.no_stop_trim is True and sp.skip_special_tokens is False
     assert sp.spaces_between_special_tokens is False and sp.min_p == 0.05
     assert set(body) == {"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid"}
+
+
+def test_the_abort_bodies_decode_with_the_contract():
+    api = contract()
+    one = api.AbortRequest.from_json_value(abort_request("r-7"))
+    every = api.AbortRequest.from_json_value(abort_request(None))
+    assert (one.rid, one.abort_all) == ("r-7", False) and every.abort_all is True
 
 
 def test_an_unknown_sampling_key_is_refused_by_the_contract_the_client_and_the_server(served):

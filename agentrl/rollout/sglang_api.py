@@ -169,6 +169,11 @@ def parse_generation(body: Any) -> Generation:
     if kind not in FINISH_TYPES:
         raise ContractError(f"meta_info.finish_reason.type is {kind!r}, not one of {sorted(FINISH_TYPES)}")
     version = meta.get("weight_version")
+    spans = meta.get("weight_versions") or []
+    if spans and isinstance(spans[0], dict) and spans[0].get("version") is not None:
+        # Weights updated while the request ran (0.5.23's spans): the turn is stamped with the
+        # version its first tokens came from, so that it counts as off-policy once that is old.
+        version = spans[0]["version"]
     return Generation(ids, logprobs, FINISH_TYPES[kind], "0" if version is None else str(version))
 
 

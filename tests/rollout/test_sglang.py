@@ -154,6 +154,19 @@ def test_a_recorded_response_parses_to_its_ids_logprobs_and_status(finish, statu
     assert gen.finish_reason == status and gen.weight_version == "5"
 
 
+def test_a_turn_that_spans_a_weight_update_carries_its_first_version():
+    body = recorded_response(
+        {"type": "length", "length": 3}, [[-0.5, 17, None], [-1.0, 4, None], [-2.0, 9, None]]
+    )
+    body["meta_info"]["weight_version"] = "6"
+    body["meta_info"]["weight_versions"] = [
+        {"version": "5", "start": 0, "end": 2},
+        {"version": "6", "start": 2, "end": 3},
+    ]
+    assert contract().GenerateResponse.from_json_value(body).meta_info.weight_versions[1].version == "6"
+    assert parse_generation(body).weight_version == "5"
+
+
 def test_a_response_without_logprobs_or_with_an_unknown_finish_is_a_contract_error():
     body = recorded_response({"type": "stop"}, [[None, 17, None]])
     with pytest.raises(ContractError, match=r"output_token_logprobs\[0\] has log-prob None"):

@@ -151,16 +151,24 @@ class SGLangEngine:
         """``_once`` again and again on transient faults, with backoff and jitter, until
         ``retry_deadline_s``; then ``/health`` decides whether the error is transient."""
         start = time.monotonic()
-        attempts = 0
+        try:  # the common case, without the retry machinery (a few percent of a call's cost)
+            return await self._once(method, url, body, timeout_s)
+        except _Retry as e:
+            self.stats["retries"][e.cause] += 1
+            failed: _Retry | None = e
+        attempts = 1
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(_Retry),
                 wait=wait_random_exponential(multiplier=0.05, max=2.0),
-                stop=stop_after_delay(self.retry_deadline_s),
+                stop=stop_after_delay(max(self.retry_deadline_s - (time.monotonic() - start), 0.0)),
                 reraise=True,
             ):
                 with attempt:
-                    if attempts and on_retry is not None:
+                    if failed is not None:  # the first attempt's failure: tenacity backs off, then retries
+                        failed, first = None, failed
+                        raise first
+                    if on_retry is not None:
                         on_retry()
                     attempts += 1
                     try:

@@ -132,7 +132,9 @@ class EngineLaunchConfig(Section):
     ``agentrl serve sglang``), ``local`` (``agentrl serve local``, one server), or ``none`` (connect
     to ``engine.url``)."""
     model: str | None = None
-    """The model the servers load (a path or id for SGLang; ``tiny``, ``smollm2`` or a directory for ``local``)."""
+    """The model the servers load: a path or id for SGLang; for ``local``, ``tiny``, ``smollm2`` or a
+    directory, and None: the run's own policy (written as a checkpoint under ``run_dir/engine_weights``),
+    so that its shapes are the trainer's."""
     tp: int = Field(1, ge=1)
     """Tensor-parallel GPUs per SGLang server."""
     dp: int = Field(1, ge=1)
@@ -150,7 +152,7 @@ class EngineLaunchConfig(Section):
 
     @model_validator(mode="after")
     def _complete(self) -> EngineLaunchConfig:
-        if self.server != "none" and not self.model:
+        if self.server == "sglang" and not self.model:
             raise ValueError(
                 f"engine.launch.server={self.server} needs engine.launch.model, the model to serve"
             )

@@ -465,11 +465,20 @@ def uvicorn_server(server: LocalServer, host: str, port: int, log_level: str = "
 def main(
     model_name: str, host: str, port: int, *, device: str = "auto", max_context: int | None = None
 ) -> None:
-    """``agentrl serve local``: load ``model_name`` (``tiny``, ``smollm2`` or a directory) and serve it."""
+    """``agentrl serve local``: load ``model_name`` (``tiny``, ``smollm2`` or a directory) and serve it.
+    A directory needs no tokenizer (the checkpoint a run writes of its policy has none): the
+    answers' ``text`` is then empty, as ids are the record."""
+    from pathlib import Path
+
     from agentrl.device import resolve_device
     from agentrl.models import load_model
 
-    model, tokenizer = load_model(model_name)
+    if Path(model_name).is_dir() and not any(Path(model_name).glob("tokenizer*")):
+        from transformers import AutoModelForCausalLM
+
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(model_name), None
+    else:
+        model, tokenizer = load_model(model_name)
     model = model.to(resolve_device(device)).eval()
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("sdpa")

@@ -434,7 +434,13 @@ def from_config(policy, cfg) -> SGLangEngine:
         raise ConfigError(f"engine.extra_sampling: {err}") from None
     url, abort_urls, launcher = e.url, e.abort_urls or None, None
     if e.launch.server != "none":
-        launcher, url, workers = _launch(e.launch, cfg.run_dir / "engine_logs")
+        model = e.launch.model
+        if model is None:  # `local` serving the run's own policy: its shapes are the trainer's
+            from agentrl.rollout.sglang_sync import write_checkpoint
+
+            initial = cfg.run_dir / "engine_weights" / "initial"
+            model = str(write_checkpoint(policy.state_dict(), initial, policy.config).resolve())
+        launcher, url, workers = _launch(e.launch, model, cfg.run_dir / "engine_logs")
         abort_urls = abort_urls or workers
     try:
         info = check_server(
@@ -466,7 +472,7 @@ def from_config(policy, cfg) -> SGLangEngine:
     return engine
 
 
-def _launch(launch, default_log_dir: Path):
+def _launch(launch, model: str, default_log_dir: Path):
     """Start ``engine.launch``'s servers; ``(launcher, url, worker urls)``. Stopped by the engine's
     ``close``, or at exit should the run end without it."""
     import atexit
@@ -474,10 +480,10 @@ def _launch(launch, default_log_dir: Path):
     from agentrl.rollout.sglang_launch import Launcher, local_plan, sglang_plan
 
     if launch.server == "local":
-        plan = local_plan(launch.model, host=launch.host, port=launch.port)
+        plan = local_plan(model, host=launch.host, port=launch.port)
     else:
         plan = sglang_plan(
-            launch.model,
+            model,
             tp=launch.tp,
             dp=launch.dp,
             servers=launch.servers,

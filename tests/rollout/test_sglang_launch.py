@@ -147,10 +147,11 @@ def test_a_run_can_start_its_own_server_and_stops_it_when_its_engine_closes(tmp_
         TrainConfig,
         None,
         [f"run.output_dir={tmp_path}", "engine.kind=sglang", "engine.launch.server=local",
-         "engine.launch.model=tiny", f"engine.launch.port={port}", "rollout.max_context=1024"],
+         f"engine.launch.port={port}", "rollout.max_context=1024"],
     )  # fmt: skip
-    policy, tok = tiny_chat_model(seed=5)
-    engine = from_config(policy, cfg)  # starts `agentrl serve local`, pushes the policy to it
+    # Another shape than `--model tiny`'s: with no engine.launch.model the server loads the run's policy.
+    policy, tok = tiny_chat_model(seed=5, hidden=32)
+    engine = from_config(policy, cfg)  # writes the policy, starts `agentrl serve local` on it, pushes it
     (server,) = engine.launcher.plan
     assert engine.url == f"http://127.0.0.1:{port}" and server.popen.poll() is None
 
@@ -163,7 +164,13 @@ def test_a_run_can_start_its_own_server_and_stops_it_when_its_engine_closes(tmp_
 
     gen = asyncio.run(go())
     assert len(gen.output_ids) == 3 and gen.weight_version == "1"  # the pushed policy
+    import torch
+
+    prompt = tok.encode("def f(x):", add_special_tokens=False)
+    with torch.no_grad():
+        lp = torch.log_softmax(policy(torch.tensor([prompt + gen.output_ids])).logits[0], -1)
+    ref = [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(gen.output_ids)]
+    assert max(abs(a - b) for a, b in zip(ref, gen.logprobs, strict=True)) < 1e-4
     assert server.popen.poll() is not None and engine.launcher is None
-    assert (
-        "agentrl serve local: tiny on" in (tmp_path / "run" / "engine_logs" / "serve-local.log").read_text()
-    )
+    log = (tmp_path / "run" / "engine_logs" / "serve-local.log").read_text()
+    assert f"agentrl serve local: {(tmp_path / 'run' / 'engine_weights' / 'initial').resolve()} on" in log

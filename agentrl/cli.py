@@ -338,6 +338,33 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_local(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError
+    from agentrl.rollout.serve_local import main as serve
+
+    try:
+        serve(args.model, args.host, args.port, device=args.device, max_context=args.max_context)
+    except (ConfigError, ImportError, OSError, ValueError) as e:
+        return _error(f"agentrl serve local --model {args.model}: {e}")
+    return 0
+
+
+def _serve_sglang(args: argparse.Namespace) -> int:
+    from agentrl.rollout.sglang_launch import main as launch
+    from agentrl.rollout.sglang_launch import sglang_plan
+
+    try:
+        plan = sglang_plan(
+            args.model, tp=args.tp, dp=args.dp, servers=args.servers, host=args.host, port=args.port
+        )
+    except ValueError as e:
+        return _error(e)
+    try:
+        return launch(plan, args.log_dir, args.timeout)
+    except RuntimeError as e:
+        return _error(e)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         # One line like every other input error; subcommands' parsers are of this class too.
@@ -421,6 +448,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--store", default=None, help="keep every episode in a trajectory store here")
     evaluate.set_defaults(func=_eval)
+
+    serve = commands.add_parser("serve", help="serve a policy over SGLang's HTTP API")
+    serve_commands = serve.add_subparsers(dest="serve_command", metavar="SERVER", required=True)
+    local = serve_commands.add_parser(
+        "local",
+        help="the embedded engine over SGLang's HTTP API (engine.kind=sglang engine.url=http://HOST:PORT)",
+    )
+    local.add_argument("--model", required=True, help="tiny | smollm2 | a local Hugging Face model directory")
+    local.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    local.add_argument("--port", type=int, default=30000, help="port (default 30000, SGLang's)")
+    local.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    local.add_argument(
+        "--max-context", type=int, default=None, help="tokens a request may hold (default: the model's)"
+    )
+    local.set_defaults(func=_serve_local)
+    sgl = serve_commands.add_parser(
+        "sglang",
+        help="start SGLang servers (a router in front of several), wait until they generate, stop them on exit",
+    )
+    sgl.add_argument(
+        "--model", required=True, help="the model path SGLang loads (a Hugging Face directory or id)"
+    )
+    sgl.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server")
+    sgl.add_argument("--dp", type=int, default=1, help="data-parallel replicas per server")
+    sgl.add_argument(
+        "--servers", type=int, default=1, help="servers; more than one get sglang_router in front"
+    )
+    sgl.add_argument("--host", default="127.0.0.1")
+    sgl.add_argument(
+        "--port", type=int, default=30000, help="port of the server (of the router, for several)"
+    )
+    sgl.add_argument("--log-dir", default="runs/sglang-logs", help="one log file per process here")
+    sgl.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds to wait for every server to generate"
+    )
+    sgl.set_defaults(func=_serve_sglang)
 
     config = commands.add_parser(
         "config", help="print a recipe's resolved config: every field, its value, default and description"

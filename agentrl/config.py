@@ -125,10 +125,89 @@ class ModelConfig(Section):
     checkpoint directory (``runs/<name>/checkpoints/iter-000006``: its actor)."""
 
 
+class EngineLaunchConfig(Section):
+    server: Literal["none", "sglang", "local"] = "none"
+    """``engine.kind: sglang`` only: servers the run starts and stops itself, in place of ``engine.url``:
+    ``sglang`` (``python -m sglang.launch_server`` per server, ``sglang_router`` in front of several:
+    ``agentrl serve sglang``), ``local`` (``agentrl serve local``, one server), or ``none`` (connect
+    to ``engine.url``)."""
+    model: str | None = None
+    """The model the servers load: a path or id for SGLang; for ``local``, ``tiny``, ``smollm2`` or a
+    directory, and None: the run's own policy (written as a checkpoint under ``run_dir/engine_weights``),
+    so that its shapes are the trainer's."""
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel GPUs per SGLang server."""
+    dp: int = Field(1, ge=1)
+    """Data-parallel replicas per SGLang server."""
+    servers: int = Field(1, ge=1)
+    """SGLang servers; more than one get a router in front of them."""
+    host: str = "127.0.0.1"
+    """Address the servers (and router) listen on."""
+    port: int = Field(30000, ge=1, le=65535)
+    """Port of the server, or of the router in front of several (servers take the ports after it)."""
+    log_dir: str | None = None
+    """One log file per process here; None: ``run_dir/engine_logs``."""
+    timeout_s: float = Field(1800.0, gt=0)
+    """Seconds to wait for every server to generate (``/health_generate``) before the run stops."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> EngineLaunchConfig:
+        if self.server == "sglang" and not self.model:
+            raise ValueError(
+                f"engine.launch.server={self.server} needs engine.launch.model, the model to serve"
+            )
+        if self.server == "local" and self.servers != 1:
+            raise ValueError("engine.launch.server=local starts one server; set engine.launch.servers=1")
+        return self
+
+
 class EngineConfig(Section):
     kind: str = "local"
     """Inference engine that serves the policy to the rollouts: ``local`` (in-process transformers,
-    batched). Engines are registered in ``agentrl.registry.ENGINES``."""
+    batched) or ``sglang`` (an HTTP client to SGLang, its router, or ``agentrl serve local`` at
+    ``engine.url``). Engines are registered in ``agentrl.registry.ENGINES``."""
+    url: str | None = None
+    """``sglang``: base URL of the server or router (``http://127.0.0.1:30000``); required there unless
+    ``engine.launch`` starts the servers."""
+    launch: EngineLaunchConfig = Field(default_factory=EngineLaunchConfig)
+    """``sglang``: servers the run starts itself (and stops when it ends)."""
+    model_path: str | None = None
+    """``sglang``: the model path the server must report in ``/model_info`` (None: not checked). The
+    run stops at start when they differ."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """``sglang``: seconds one ``/generate`` attempt may take before it is retried."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """``sglang``: seconds to open a connection (and to wait for ``/health`` and ``/abort_request``)."""
+    retry_deadline_s: float = Field(120.0, gt=0)
+    """``sglang``: seconds one call keeps retrying refused or reset connections, timeouts, 502/503/504
+    and truncated bodies (exponential backoff with jitter) before the engine is asked ``/health``."""
+    startup_timeout_s: float = Field(300.0, gt=0)
+    """``sglang``: seconds to wait at start for the server to answer ``/health`` (it may be loading)."""
+    extra_sampling: dict[str, Any] = Field(default_factory=dict)
+    """``sglang``: more ``sampling_params`` keys sent with every request (e.g. ``min_p``); a key SGLang
+    does not know is refused at start, with the valid ones."""
+    abort_urls: list[str] = Field(default_factory=list)
+    """``sglang``: the workers behind a router, which cancelled requests' ``/abort_request`` and weight
+    updates go to (the router forwards neither); empty: the router's ``GET /workers``, else ``url``."""
+    sync_dir: str | None = None
+    """``sglang``: directory, readable by every server, where the trainer writes each weight update as
+    a Hugging Face checkpoint for ``/update_weights_from_disk``; None: ``run_dir/engine_weights``."""
+    sync_on_start: bool = True
+    """``sglang``: push the policy's weights to the server when the run starts, so that it serves
+    exactly what the trainer trains (off: the server keeps the weights it was started with)."""
+    weight_sync: Literal["disk", "distributed"] = "disk"
+    """``sglang``: how new weights reach the servers: ``disk`` (a checkpoint under ``sync_dir``, loaded
+    with ``/update_weights_from_disk``) or ``distributed`` (broadcast over an update group that the
+    trainer and every worker rank join: pause, begin, one call per bucket, end, flush, continue)."""
+    sync_master: str = "127.0.0.1:29600"
+    """``sglang``, ``distributed``: ``address:port`` where the trainer hosts the update group's store;
+    every worker must reach it."""
+    sync_backend: Literal["nccl", "gloo"] = "nccl"
+    """``sglang``, ``distributed``: the update group's backend (``nccl`` between GPUs; ``gloo`` on CPUs)."""
+    sync_bucket_mb: float = Field(512.0, gt=0)
+    """``sglang``, ``distributed``: megabytes of tensors per ``/update_weights_from_distributed`` call."""
+    ranks_per_worker: int = Field(1, ge=1)
+    """``sglang``, ``distributed``: GPUs of one server (its tp × dp), each a rank of the update group."""
 
     @field_validator("kind")
     @classmethod
@@ -136,6 +215,28 @@ class EngineConfig(Section):
         from agentrl.registry import ENGINES
 
         return _registered(value, ENGINES)
+
+    @model_validator(mode="after")
+    def _url(self) -> EngineConfig:
+        if self.kind != "sglang" and self.launch.server != "none":
+            raise ValueError(f"engine.launch is for engine.kind sglang; engine.kind is {self.kind}")
+        if self.kind == "sglang":
+            if self.launch.server != "none":
+                if self.url:
+                    raise ValueError(
+                        f"engine.url={self.url} and engine.launch.server={self.launch.server}: the run either "
+                        "starts its servers or connects to one; drop one of them"
+                    )
+                return self
+            if not self.url:
+                raise ValueError(
+                    "engine.kind sglang needs engine.url, the server's base URL (e.g. "
+                    "engine.url=http://127.0.0.1:30000; `agentrl serve local --model ...` starts one), "
+                    "or engine.launch.server (sglang or local) to start its own"
+                )
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"engine.url must start with http:// or https://; got {self.url!r}")
+        return self
 
 
 class TrainerConfig(Section):

@@ -44,5 +44,8 @@ class Registry:
         return getattr(importlib.import_module(module), attr)
 
 
-ENGINES = Registry("engine.kind", {"local": "agentrl.rollout.local:from_config"})
+ENGINES = Registry(
+    "engine.kind",
+    {"local": "agentrl.rollout.local:from_config", "sglang": "agentrl.rollout.sglang:from_config"},
+)
 BACKENDS = Registry("trainer.backend", {"torch": "agentrl.trainer.torch_backend:from_config"})

@@ -43,7 +43,10 @@ def no_model_loads(monkeypatch):
         ("rollout.top_p=1.5", "'rollout.top_p': Input should be less than or equal to 1"),
         ("rollout.tool_format=xml", "'rollout.tool_format': Input should be 'hermes' or 'glm' (got 'xml')"),
         ("rollout=3", "'rollout': Input should be a valid dictionary or instance of RolloutConfig"),
-        ("engine.kind=sglnag", "'engine.kind': unknown engine.kind 'sglnag'. Registered: local."),
+        (
+            "engine.kind=sglnag",
+            "'engine.kind': unknown engine.kind 'sglnag'. Did you mean 'sglang'? Registered: local, sglang.",
+        ),
         ("engine.kind=locl", "unknown engine.kind 'locl'. Did you mean 'local'?"),
         ("trainer.backend=torc", "unknown trainer.backend 'torc'. Did you mean 'torch'?"),
         ("env.id=bugfx-v0", "error: no environment 'bugfx-v0'. Did you mean 'bugfix-v0'? Registered: "),

@@ -48,7 +48,7 @@ def test_a_registered_component_is_built_by_name():
     assert registry.names() == ["mine"] and registry.factory("mine")(1, None) == ("built", 1)
     with pytest.raises(ValueError, match="must look like 'package.module:function'"):
         registry.register("bad", "no_colon")
-    assert ENGINES.names() == ["local"] and BACKENDS.names() == ["torch"]
+    assert ENGINES.names() == ["local", "sglang"] and BACKENDS.names() == ["torch"]
 
 
 def make_component(policy, cfg):
@@ -114,6 +114,9 @@ def test_the_shipped_backend_and_engine_implement_their_protocols():
     policy, _ = tiny_chat_model(hidden=16, layers=1)
     assert isinstance(backend_from_config(policy, cfg), TrainBackend)
     assert isinstance(engine_from_config(policy, cfg), Engine)
+    from agentrl.rollout.sglang import SGLangEngine
+
+    assert isinstance(SGLangEngine("http://127.0.0.1:30000"), Engine)
     for protocol in (TrainBackend, Engine):  # each member the protocol declares, its docstring explains
         members = [m for m in vars(protocol) if not m.startswith("_")] + list(protocol.__annotations__)
         assert members and all(f"``{m}``" in protocol.__doc__ for m in members), protocol

@@ -13,7 +13,8 @@
   ``trajectory.extra["retokenization_drift_turns"]`` and never hidden by rewriting history.
 - Budgets: per-turn ``max_new_tokens`` clamped to the remaining context; ``max_turns``; a
   wall-clock ``deadline_s``. Each end sets its status; engine and env failures set theirs; a
-  cancelled episode closes its env and returns its trajectory with status ``aborted``.
+  cancelled episode, or one whose generation the engine aborted (``finish_reason`` ``abort``),
+  closes its env and returns its trajectory with status ``aborted``.
 """
 
 from __future__ import annotations
@@ -285,10 +286,15 @@ async def run_episode(
                 key="engine_retries",
             )
             generate_s = time.monotonic() - t0
-            append(list(gen.output_ids), "assistant", list(gen.logprobs))
-            traj.weight_versions.append(str(gen.weight_version))
+            if gen.output_ids:  # an aborted request may end before its first token
+                append(list(gen.output_ids), "assistant", list(gen.logprobs))
+                traj.weight_versions.append(str(gen.weight_version))
             traj.finish_reasons.append(gen.finish_reason)
             turn += 1
+            if gen.finish_reason == "abort":  # the server dropped the request (/abort_request, a pause)
+                status = "aborted"
+                traj.timings.append({"generate_s": generate_s})
+                break
 
             ended = bool(gen.output_ids) and gen.output_ids[-1] == render.eot_id
             body_ids = gen.output_ids[:-1] if ended else gen.output_ids

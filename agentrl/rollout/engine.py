@@ -62,7 +62,11 @@ class Engine(Protocol):
       checkpoint directory on disk (``path=``, what a server loads); ``version`` names them, and the
       engine tags later generations with it. Returns the version now served.
     - ``health``: whether it serves; ``close``: release it (idempotent).
+    - ``weight_version``: the version of the weights it serves now (the last ``update_weights``'s);
+      the trainer counts tokens sampled with any other as off-policy.
     """
+
+    weight_version: str
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation: ...
     async def update_weights(

@@ -294,6 +294,27 @@ class LocalEngine:
             self.weight_version = version or str(int(self.weight_version) + 1)
         return self.weight_version
 
+    async def assign(self, tensors: dict[str, torch.Tensor], version: str | None = None) -> str:
+        """Copy ``tensors`` (some of the model's parameters or buffers, by name) into the served model
+        between batches, as a bucket of a weight update by broadcast arrives; ``version``, when given,
+        names the weights from then on. Returns the version served."""
+        self._ensure_worker()
+        async with self._lock:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._assign, tensors)
+            if version is not None:
+                self.weight_version = version
+        return self.weight_version
+
+    @torch.no_grad()
+    def _assign(self, tensors: dict[str, torch.Tensor]) -> None:
+        named = dict(self.model.named_parameters(remove_duplicate=False))
+        named.update(self.model.named_buffers(remove_duplicate=False))
+        unknown = [k for k in tensors if k not in named]
+        if unknown:
+            raise KeyError(f"the served model has no tensors named {unknown[:5]}")
+        for name, value in tensors.items():
+            named[name].copy_(value)
+
     def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
         # A saved model with tied weights holds one of each tied group (safetensors drops the
         # others, e.g. an output head tied to the embedding): loading it sets the whole group.

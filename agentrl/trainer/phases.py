@@ -62,11 +62,30 @@ def advantages(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tens
     return adv, ret, metrics
 
 
-def rollout_metrics(trajectories: list[Trajectory], seconds: float) -> dict[str, Any]:
+def offpolicy_tokens(trajectories: list[Trajectory], weight_version: str) -> tuple[int, int]:
+    """``(off-policy, all)`` sampled tokens: those of assistant turns whose weight version is not
+    ``weight_version`` (the one the trainer's weights were last synced as), e.g. turns an engine
+    sampled before a sync that happened during collection."""
+    off = total = 0
+    for t in trajectories:
+        spans = [s for s in t.turns if s.role == "assistant"]
+        for version, span in zip(t.weight_versions, spans, strict=False):
+            total += span.end - span.start
+            off += (span.end - span.start) if version != weight_version else 0
+    return off, total
+
+
+def rollout_metrics(
+    trajectories: list[Trajectory], seconds: float, weight_version: str | None = None
+) -> dict[str, Any]:
     n = max(len(trajectories), 1)
     statuses = Counter(t.status for t in trajectories)
     tokens = sum(len(t) for t in trajectories)
-    return {
+    extra: dict[str, Any] = {}
+    if weight_version is not None:
+        off, sampled = offpolicy_tokens(trajectories, weight_version)
+        extra = {"offpolicy_tokens": off, "offpolicy_token_frac": off / max(sampled, 1)}
+    return extra | {
         "reward_mean": sum(t.reward for t in trajectories) / n,
         "success_rate": sum(succeeded(t.reward) for t in trajectories) / n,
         "statuses": dict(statuses),

@@ -36,6 +36,7 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         # 1. collect: n samples of each task of this iteration's slice of the training set
         tasks, group_ids = run.next_tasks()
         run.pool.config.seed = rollout_seed(cfg, it)  # fresh samples every iteration, reproducibly
+        version = run.engine.weight_version  # what the trainer's weights were synced as
         trajectories = await run.pool.run(tasks)
         kept = [i for i, t in enumerate(trajectories) if t.status not in NOT_TRAINABLE]
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
@@ -57,7 +58,9 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         await run.engine.update_weights(run.backend.engine_state_dict())
         # 7. checkpoint, then metrics (a resumed run redoes whatever came after its checkpoint)
         record = {"iteration": it, "tasks": [t.id for t in tasks]}
-        record |= rollout_metrics(trajectories, t1 - t0) | filter_metrics | adv_metrics | train_metrics
+        record |= (
+            rollout_metrics(trajectories, t1 - t0, version) | filter_metrics | adv_metrics | train_metrics
+        )
         record["train_tokens_per_s"] = int(batch.lengths.sum()) / max(time.monotonic() - t1, 1e-9)
         if cfg.metrics.eval_every and (it + 1) % cfg.metrics.eval_every == 0:
             record |= await evaluate(run)

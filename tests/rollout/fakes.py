@@ -113,5 +113,9 @@ class RecordingEngine:
     async def update_weights(self, *a, **k):
         return await self.inner.update_weights(*a, **k)
 
+    @property
+    def weight_version(self):
+        return self.inner.weight_version
+
     async def health(self):
         return True

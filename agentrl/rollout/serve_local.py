@@ -1,0 +1,490 @@
+"""``agentrl serve local``: the embedded engine served over SGLang's HTTP API, so that
+``SGLangEngine`` runs the agent loop and the trainer against a real model on a machine where SGLang
+cannot run (a CPU).
+
+An ASGI app (Starlette, served by uvicorn) with SGLang 0.5.23's endpoints and JSON
+(``agentrl.rollout.sglang_api``): ``/generate``, ``/health``, ``/health_generate``, ``/model_info``,
+``/server_info``, ``/abort_request``, ``/flush_cache``, ``/pause_generation``, ``/continue_generation``,
+``/update_weights_from_disk``, ``/update_weight_version``, and the update group's
+``/init_weights_update_group``, ``/begin_weight_update``, ``/update_weights_from_distributed``,
+``/end_weight_update``, ``/destroy_weights_update_group`` (``agentrl.rollout.sglang_sync``; gloo on a
+CPU). Concurrent ``/generate`` requests are decoded together by ``LocalEngine``'s batcher.
+
+Where it differs from SGLang, it says so with a 400 rather than answering something else:
+text prompts, streaming, several prompts in one request, prompt log-probs, and sampling keys it does
+not implement (penalties, grammars, stop strings, ``n`` > 1) set to anything but their default. It
+has no prefix cache: ``/flush_cache`` only keeps SGLang's rule (400 while requests run). A pause
+holds new requests; a batch already running finishes (``abort`` mode aborts it instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.rollout.local import LocalEngine
+from agentrl.rollout.sglang_api import SAMPLING_KEYS, finish_reason, unknown_sampling_keys
+
+HONOURED = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_token_ids",
+    "sampling_seed",
+    # about text only, which this server returns untrimmed with special tokens: ids are the record
+    "no_stop_trim",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+}
+DEFAULTS: dict[str, Any] = {
+    "stop": None,
+    "stop_regex": None,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "ignore_eos": False,
+    "stream_interval": None,
+    "logit_bias": {},
+    "custom_params": None,
+    "beam_width": None,
+    "watermark": None,
+    "choice": [],
+}
+"""The sampling keys this server does not implement, with the values that make them no-ops."""
+assert HONOURED | set(DEFAULTS) == SAMPLING_KEYS
+
+
+class BadRequest(ValueError):
+    """Answered 400 with ``{"error": {"message": ...}}``."""
+
+
+def _sampling(sampling: Any, prompt_len: int, max_context: int, vocab: int) -> SamplingParams:
+    if not isinstance(sampling, dict):
+        raise BadRequest("sampling_params must be one JSON object (this server takes one prompt per request)")
+    bad = unknown_sampling_keys(sampling)
+    if bad:  # SGLang's own wording (serde's unknown_field)
+        valid = ", ".join(f"`{k}`" for k in sorted(SAMPLING_KEYS))
+        raise BadRequest(f"unknown field `{bad[0]}`, expected one of {valid}")
+    for key, default in DEFAULTS.items():
+        if key in sampling and sampling[key] is not None and sampling[key] != default:
+            raise BadRequest(
+                f"sampling_params.{key}={sampling[key]!r}: agentrl serve local does not implement it "
+                f"(only {', '.join(sorted(HONOURED))}); leave it out"
+            )
+    top_k = sampling.get("top_k", -1)
+    if top_k is None or top_k >= 1 << 30:
+        top_k = -1
+    if top_k == 0:
+        raise BadRequest("sampling_params.top_k must be -1 (no top-k) or at least 1; got 0")
+    stops = sampling.get("stop_token_ids") or []
+    if any(not isinstance(t, int) or not 0 <= t < vocab for t in stops):
+        raise BadRequest(f"sampling_params.stop_token_ids must be token ids below {vocab}; got {stops}")
+    try:
+        params = SamplingParams(
+            max_new_tokens=sampling.get("max_new_tokens", 128),
+            temperature=sampling.get("temperature", 1.0),
+            top_p=sampling.get("top_p", 1.0),
+            top_k=top_k,
+            stop_token_ids=list(stops),
+            seed=sampling.get("sampling_seed"),
+        )
+    except (TypeError, ValueError) as e:
+        raise BadRequest(f"sampling_params: {e}") from None
+    if prompt_len + params.max_new_tokens > max_context:
+        raise BadRequest(
+            f"the prompt ({prompt_len} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the "
+            f"model's maximum context length ({max_context} tokens)"
+        )
+    return params
+
+
+class LocalServer:
+    """The state behind the app: the engine, the requests running by rid, the pause gate."""
+
+    def __init__(
+        self, engine: LocalEngine, *, model_path: str, tokenizer=None, max_context: int, vocab_size: int
+    ):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.model_path, self.tokenizer_path = model_path, model_path
+        self.max_context, self.vocab_size = max_context, vocab_size
+        self.running: dict[str, asyncio.Task] = {}
+        self.aborted: dict[str, str] = {}
+        self.started = time.time()
+        self._resumed: asyncio.Event | None = None
+        self.groups: dict[str, Any] = {}  # weight-update groups joined, by name
+        self.updating = False  # between /begin_weight_update and /end_weight_update
+
+    @property
+    def resumed(self) -> asyncio.Event:
+        if self._resumed is None:  # made in the server's loop
+            self._resumed = asyncio.Event()
+            self._resumed.set()
+        return self._resumed
+
+    def abort(self, rid: str | None, message: str) -> int:
+        rids = list(self.running) if rid is None else [rid] if rid in self.running else []
+        for r in rids:
+            self.aborted[r] = message
+            self.running[r].cancel()
+        return len(rids)
+
+    async def generate(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        ids = body.get("input_ids")
+        if ids is None:
+            raise BadRequest("input_ids is required: agentrl serve local takes token ids, not text")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+            raise BadRequest("input_ids must be one non-empty list of token ids (one prompt per request)")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise BadRequest(f"input_ids holds ids outside the vocabulary [0, {self.vocab_size})")
+        if body.get("stream"):
+            raise BadRequest("stream is not implemented by agentrl serve local; send stream: false")
+        if body.get("logprob_start_len") not in (None, -1):
+            raise BadRequest("logprob_start_len must be -1 (output log-probs only) here")
+        params = _sampling(body.get("sampling_params") or {}, len(ids), self.max_context, self.vocab_size)
+        rid = body.get("rid") or uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise BadRequest("rid must be one string")
+        if rid in self.running:
+            raise BadRequest(f"duplicate request id {rid!r}: it is still running")
+        start = time.monotonic()
+        task = asyncio.get_running_loop().create_task(self._generate(ids, params))
+        self.running[rid] = task  # abortable from here on, while paused too
+        message = ""
+        try:
+            gen = await task
+        except asyncio.CancelledError:
+            if rid not in self.aborted:
+                raise  # the handler itself was cancelled: the client went away
+            gen = Generation([], [], "abort", self.engine.weight_version)
+        finally:
+            self.running.pop(rid, None)
+            message = self.aborted.pop(rid, "")
+        out = gen.output_ids
+        logprobs = [[lp, t, None] for lp, t in zip(gen.logprobs, out, strict=True)]
+        return {
+            "text": self.tokenizer.decode(out, skip_special_tokens=False) if self.tokenizer and out else "",
+            "output_ids": out,
+            "meta_info": {
+                "id": rid,
+                "finish_reason": finish_reason(gen.finish_reason, out, message),
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(out),
+                "cached_tokens": 0,
+                "weight_version": gen.weight_version,
+                "weight_versions": [{"version": gen.weight_version, "start": 0, "end": len(out)}],
+                "output_token_logprobs": logprobs if body.get("return_logprob") else None,
+                "e2e_latency": time.monotonic() - start,
+            },
+        }
+
+    async def _generate(self, ids: list[int], params: SamplingParams) -> Generation:
+        await self.resumed.wait()
+        return await self.engine.generate(ids, params)
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.engine.weight_version,
+            "load_format": None,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        import agentrl
+
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "max_context_length": self.max_context,
+            "version": f"agentrl-serve-local {agentrl.__version__}",
+            "internal_states": [dict(self.engine.stats, running=len(self.running))],
+            "startup_time": self.started,
+        }
+
+    async def update_weights_from_disk(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            raise BadRequest("model_path (a checkpoint directory or state-dict file) is required")
+        if body.get("abort_all_requests"):
+            self.abort(None, "aborted by a weight update")
+        version = body.get("weight_version") or self.engine.weight_version
+        await self.engine.update_weights(path=body["model_path"], version=str(version))
+        self.model_path = body["model_path"]
+        return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+
+    async def init_weights_update_group(self, body: Any) -> dict[str, Any]:
+        from agentrl.rollout.sglang_sync import GROUP_NAME, join_update_group
+
+        try:
+            args = (
+                str(body["master_address"]), int(body["master_port"]), int(body["world_size"]),
+                int(body["rank_offset"]), str(body.get("group_name", GROUP_NAME)), str(body.get("backend", "nccl")),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadRequest(
+                f"master_address, master_port, rank_offset and world_size are required ({e!r})"
+            ) from None
+        if args[4] in self.groups:
+            raise BadRequest(f"already in the weight update group {args[4]!r}")
+        # One rank: this server's model is on one device. Blocks until the trainer has joined too.
+        self.groups[args[4]] = await asyncio.get_running_loop().run_in_executor(
+            None, join_update_group, *args
+        )
+        return {"success": True, "message": f"joined {args[4]} as rank {args[3]} of {args[2]}"}
+
+    async def update_weights_from_distributed(self, body: Any) -> dict[str, Any]:
+        from agentrl.rollout.sglang_sync import GROUP_NAME, receive
+
+        if not self.updating:  # SGLang 0.5.21+ refuses the same
+            raise BadRequest(
+                "update_weights_from_distributed must be wrapped in /begin_weight_update ... /end_weight_update"
+            )
+        group = self.groups.get(body.get("group_name", GROUP_NAME))
+        if group is None:
+            raise BadRequest(
+                f"no weight update group {body.get('group_name', GROUP_NAME)!r}: call /init_weights_update_group"
+            )
+        if body.get("abort_all_requests"):
+            self.abort(None, "aborted by a weight update")
+        tensors = await asyncio.get_running_loop().run_in_executor(
+            None, receive, group, body["names"], body["dtypes"], body["shapes"], self.engine.device
+        )
+        await self.engine.assign(tensors, body.get("weight_version"))
+        return {"success": True, "message": f"updated {len(tensors)} tensors"}
+
+    def destroy_weights_update_group(self, body: Any) -> dict[str, Any]:
+        from agentrl.rollout.sglang_sync import GROUP_NAME, leave_update_group
+
+        group = self.groups.pop(body.get("group_name", GROUP_NAME), None)
+        if group is None:
+            raise BadRequest("no such weight update group")
+        leave_update_group(group)
+        return {"success": True, "message": "left the weight update group"}
+
+
+def build_app(server: LocalServer):
+    """The Starlette app over ``server``."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message}}, status_code=status)
+
+    async def body_of(request: Request) -> Any:
+        raw = await request.body()
+        if not raw:
+            return {}
+        try:
+            import json
+
+            return json.loads(raw)
+        except ValueError as e:
+            raise BadRequest(f"the body is not JSON: {e}") from None
+
+    async def generate(request: Request):
+        try:
+            return JSONResponse(await server.generate(await body_of(request)))
+        except BadRequest as e:
+            return error(400, str(e))
+
+    async def health(request: Request):
+        return Response(status_code=200)
+
+    async def health_generate(request: Request):
+        try:
+            await asyncio.wait_for(
+                server.engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0)), 60
+            )
+        except Exception:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def model_info(request: Request):
+        return JSONResponse(server.model_info())
+
+    async def server_info(request: Request):
+        return JSONResponse(server.server_info())
+
+    async def abort_request(request: Request):
+        try:
+            body = await body_of(request)
+        except BadRequest as e:
+            return error(400, str(e))
+        rid = None if body.get("abort_all") else body.get("rid")
+        if rid is not None or body.get("abort_all"):
+            server.abort(rid, "aborted by /abort_request")
+        return Response(status_code=200)
+
+    async def flush_cache(request: Request):
+        if server.running:
+            return Response("Flush cache failed: requests are running.\n", status_code=400)
+        return Response("Cache flushed.\n", status_code=200)
+
+    async def pause_generation(request: Request):
+        try:
+            body = await body_of(request)
+        except BadRequest as e:
+            return error(400, str(e))
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            return error(400, f"mode must be abort, retract or in_place; got {mode!r}")
+        server.resumed.clear()
+        if mode == "abort":
+            server.abort(None, "aborted by /pause_generation")
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(request: Request):
+        server.resumed.set()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def update_weights_from_disk(request: Request):
+        try:
+            return JSONResponse(await server.update_weights_from_disk(await body_of(request)))
+        except BadRequest as e:
+            return error(400, str(e))
+        except Exception as e:  # a checkpoint that does not fit the model, a missing file
+            message = f"Failed to update weights: {type(e).__name__}: {e}"
+            return JSONResponse(
+                {"success": False, "message": message, "num_paused_requests": 0}, status_code=400
+            )
+
+    async def update_weight_version(request: Request):
+        try:
+            body = await body_of(request)
+        except BadRequest as e:
+            return error(400, str(e))
+        new = body.get("new_version")
+        if not isinstance(new, str):
+            return JSONResponse({"success": False, "message": "new_version (a string) is required"}, 400)
+        if body.get("abort_all_requests", True):
+            server.abort(None, "aborted by /update_weight_version")
+        server.engine.weight_version = new
+        return JSONResponse(
+            {"success": True, "message": f"Weight version updated to {new}", "new_version": new}
+        )
+
+    def control(method):
+        """A route whose answer is ``{"success": ..., "message": ...}``: 400 with ``success: false`` on failure."""
+
+        async def route(request: Request):
+            try:
+                result = method(await body_of(request))
+                if asyncio.iscoroutine(result):
+                    result = await result
+                return JSONResponse(result)
+            except Exception as e:  # a bad request, a group that cannot form, tensors that do not fit
+                return JSONResponse(
+                    {"success": False, "message": f"{type(e).__name__}: {e}"}, status_code=400
+                )
+
+        return route
+
+    def begin(body):
+        server.updating = True
+        return {"success": True, "message": "weight update begun"}
+
+    def end(body):
+        server.updating = False
+        return {"success": True, "message": "weight update ended"}
+
+    routes = [
+        Route("/generate", generate, methods=["POST", "PUT"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/pause_generation", pause_generation, methods=["POST"]),
+        Route("/continue_generation", continue_generation, methods=["POST"]),
+        Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
+        Route("/update_weight_version", update_weight_version, methods=["POST"]),
+        Route("/init_weights_update_group", control(server.init_weights_update_group), methods=["POST"]),
+        Route("/begin_weight_update", control(begin), methods=["POST"]),
+        Route(
+            "/update_weights_from_distributed",
+            control(server.update_weights_from_distributed),
+            methods=["POST"],
+        ),
+        Route("/end_weight_update", control(end), methods=["POST"]),
+        Route(
+            "/destroy_weights_update_group", control(server.destroy_weights_update_group), methods=["POST"]
+        ),
+    ]
+    return Starlette(routes=routes)
+
+
+def local_server(
+    model, tokenizer, model_path: str, *, max_context: int | None = None, **engine_args
+) -> LocalServer:
+    """A ``LocalServer`` over ``model`` (its context: ``max_position_embeddings`` unless given)."""
+    config = model.config
+    context = max_context or getattr(config, "max_position_embeddings", None) or 4096
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return LocalServer(
+        LocalEngine(model, **engine_args),
+        model_path=model_path,
+        tokenizer=tokenizer,
+        max_context=context,
+        vocab_size=vocab,
+    )
+
+
+def uvicorn_server(server: LocalServer, host: str, port: int, log_level: str = "warning"):
+    """A ``uvicorn.Server`` for the app (``.run()`` serves until ``should_exit``)."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        build_app(server), host=host, port=port, log_level=log_level, access_log=False, lifespan="off"
+    )
+    return uvicorn.Server(config)
+
+
+def main(
+    model_name: str, host: str, port: int, *, device: str = "auto", max_context: int | None = None
+) -> None:
+    """``agentrl serve local``: load ``model_name`` (``tiny``, ``smollm2`` or a directory) and serve it.
+    A directory needs no tokenizer (the checkpoint a run writes of its policy has none): the
+    answers' ``text`` is then empty, as ids are the record."""
+    from pathlib import Path
+
+    from agentrl.device import resolve_device
+    from agentrl.models import load_model
+
+    if Path(model_name).is_dir() and not any(Path(model_name).glob("tokenizer*")):
+        from transformers import AutoModelForCausalLM
+
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(model_name), None
+    else:
+        model, tokenizer = load_model(model_name)
+    model = model.to(resolve_device(device)).eval()
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("sdpa")
+    server = local_server(model, tokenizer, model_name, max_context=max_context)
+    print(
+        f"agentrl serve local: {model_name} on http://{host}:{port} (max context {server.max_context})",
+        flush=True,
+    )
+    uvicorn_server(server, host, port, log_level="warning").run()

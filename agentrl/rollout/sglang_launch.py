@@ -1,0 +1,173 @@
+"""``agentrl serve sglang``: start SGLang servers (and, for several, ``sglang_router`` in front of them),
+wait until they generate, keep them running, and stop every process they started on exit or signal.
+
+    agentrl serve sglang --model PATH [--tp N] [--dp N] [--servers K] [--port P]
+
+One server: ``python -m sglang.launch_server`` on ``P``. K > 1 servers: each on ``P + 1 + i`` with
+its own GPUs (``--base-gpu-id i * tp * dp``), and the router on ``P``
+(``python -m sglang_router.launch_router --worker-urls ...``); a run then sets
+``engine.url=http://HOST:P`` and, since the router forwards neither aborts nor weight updates,
+``engine.abort_urls`` to the workers' URLs (printed at start). Each process writes its log to
+``LOG_DIR/<name>.log``; each runs in a process group of its own, so that stopping it stops whatever
+it started (SGLang's scheduler and detokenizer processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Process:
+    name: str
+    argv: list[str]
+    url: str
+    health: str
+    """The path that answers 200 once this process serves (``/health_generate``: a real generation)."""
+    popen: subprocess.Popen | None = field(default=None, repr=False)
+
+
+def sglang_plan(
+    model: str,
+    *,
+    tp: int = 1,
+    dp: int = 1,
+    servers: int = 1,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    python: str = sys.executable,
+    extra: list[str] | None = None,
+) -> list[Process]:
+    """The processes of ``agentrl serve sglang``, servers first, the router (K > 1) last."""
+    for name, value in (("--tp", tp), ("--dp", dp), ("--servers", servers)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1; got {value}")
+    plan = []
+    for i in range(servers):
+        p = port if servers == 1 else port + 1 + i
+        argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(p)]
+        argv += ["--tp-size", str(tp), "--dp-size", str(dp), "--base-gpu-id", str(i * tp * dp)]
+        plan.append(
+            Process(f"sglang-{i}", argv + list(extra or []), f"http://{host}:{p}", "/health_generate")
+        )
+    if servers > 1:
+        workers = [s.url for s in plan]
+        argv = [python, "-m", "sglang_router.launch_router", "--worker-urls", *workers]
+        argv += ["--host", host, "--port", str(port), "--policy", "cache_aware"]
+        plan.append(Process("router", argv, f"http://{host}:{port}", "/health"))
+    return plan
+
+
+def local_plan(
+    model: str, *, host: str = "127.0.0.1", port: int = 30000, python: str = sys.executable
+) -> list[Process]:
+    """``agentrl serve local`` as the one server (``engine.launch.server: local``)."""
+    argv = [
+        python,
+        "-m",
+        "agentrl.cli",
+        "serve",
+        "local",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    return [Process("serve-local", argv, f"http://{host}:{port}", "/health_generate")]
+
+
+class Launcher:
+    """Starts ``plan``'s processes (logs under ``log_dir``), waits for each to serve, stops them all."""
+
+    def __init__(self, plan: list[Process], log_dir: str | Path):
+        self.plan, self.log_dir = plan, Path(log_dir)
+
+    def start(self, timeout_s: float) -> None:
+        """Start the servers, wait for each to serve, then the router (it routes only to servers
+        that answer), all within ``timeout_s``; ``RuntimeError`` naming the process and its log
+        when one exits or does not answer in time."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout_s
+        servers = [p for p in self.plan if p.name != "router"]
+        routers = [p for p in self.plan if p.name == "router"]
+        for group in (servers, routers):
+            for proc in group:
+                with open(self.log_dir / f"{proc.name}.log", "ab") as log:
+                    proc.popen = subprocess.Popen(
+                        proc.argv,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,  # its own process group: stop() reaches its children
+                    )
+            for proc in group:
+                self._wait(proc, deadline, timeout_s)
+
+    def _wait(self, proc: Process, deadline: float, timeout_s: float) -> None:
+        log = self.log_dir / f"{proc.name}.log"
+        while True:
+            code = proc.popen.poll()
+            if code is not None:
+                raise RuntimeError(f"{proc.name} exited with status {code} before serving; see {log}")
+            try:
+                with urllib.request.urlopen(proc.url + proc.health, timeout=30) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{proc.name} did not answer {proc.url}{proc.health} in {timeout_s:g}s; see {log}"
+                )
+            time.sleep(1.0)
+
+    def wait(self) -> int:
+        """Block until a process exits; its status (the others are then stopped by ``stop``)."""
+        while True:
+            for proc in self.plan:
+                if proc.popen is not None and proc.popen.poll() is not None:
+                    return proc.popen.returncode
+            time.sleep(0.5)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to each process group, SIGKILL to those still there after ``grace_s``."""
+        started = [p for p in reversed(self.plan) if p.popen is not None]
+        for proc in started:
+            _signal_group(proc.popen, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in started:
+            try:
+                proc.popen.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.popen, signal.SIGKILL)
+                proc.popen.wait()
+            _signal_group(proc.popen, signal.SIGKILL)  # children the leader left behind
+
+
+def _signal_group(popen: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signum)
+
+
+def main(plan: list[Process], log_dir: str, timeout_s: float, out=print) -> int:
+    """Start ``plan``, report where it serves, hold until a process exits or a signal comes, stop all."""
+    launcher = Launcher(plan, log_dir)
+    try:
+        launcher.start(timeout_s)
+        workers = [p.url for p in plan if p.name != "router"]
+        out(f"serving on {plan[-1].url} (logs in {log_dir}); engine.kind=sglang engine.url={plan[-1].url}")
+        if len(workers) > 1:
+            out(f"  behind the router: engine.abort_urls=[{','.join(workers)}]")
+        return launcher.wait()
+    finally:
+        launcher.stop()

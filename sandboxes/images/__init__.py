@@ -23,6 +23,12 @@ SUITE = "bookworm"
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 # minbase lacks ps/pkill (procps) and patch; git and pytest are what coding tasks run.
 PACKAGES = ("python3", "python3-pytest", "git", "ca-certificates", "procps", "patch")
+# Debian's pytest package pulls in more-itertools, and pkg_resources vendors another copy: a copy of
+# a library that swe-v0 tasks are built from would show the agent its unbroken source. pytest 7.2
+# imports neither, so both packages are removed (dependencies forced) after debootstrap.
+LIBRARY_COPIES = ("python3-more-itertools", "python3-pkg-resources")
+# Raised when the recipe changes: an image built by an older recipe is rebuilt by `sandbox build`.
+BASE_VERSION = "2"
 AGENT_USER, AGENT_UID = "agent", 1000
 WORKSPACE = "/testbed"
 IMAGE_CHANGES = (
@@ -31,6 +37,7 @@ IMAGE_CHANGES = (
     f"WORKDIR {WORKSPACE}",
     'CMD ["sleep", "infinity"]',
     "LABEL agentrl.image=base",
+    f"LABEL agentrl.base_version={BASE_VERSION}",
 )
 GITCONFIG = """[user]
 \tname = agentrl
@@ -49,13 +56,16 @@ class ImageBuildError(RuntimeError):
 
 
 def image_present(client, tag: str) -> bool:
+    """Whether ``tag`` exists (for the base image: built by the current recipe, ``BASE_VERSION``)."""
     import docker
 
     try:
-        client.images.get(tag)
-        return True
+        image = client.images.get(tag)
     except docker.errors.ImageNotFound:
         return False
+    if tag != BASE_IMAGE:
+        return True
+    return (image.labels or {}).get("agentrl.base_version") == BASE_VERSION
 
 
 MIRROR_ENV = "AGENTRL_DEBIAN_MIRROR"
@@ -109,6 +119,13 @@ def _customise_rootfs(rootfs: Path) -> None:
         (rootfs / path).mkdir(parents=True, exist_ok=True)
         os.chown(rootfs / path, AGENT_UID, AGENT_UID)
     (rootfs / "etc/gitconfig").write_text(GITCONFIG)
+    proc = subprocess.run(
+        ["chroot", str(rootfs), "dpkg", "--force-depends", "--purge", *LIBRARY_COPIES],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise ImageBuildError(f"removing {', '.join(LIBRARY_COPIES)} failed: {proc.stderr[-1000:]}")
     for junk in ("var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/locale"):
         shutil.rmtree(rootfs / junk, ignore_errors=True)
         (rootfs / junk).mkdir(parents=True, exist_ok=True)

@@ -132,6 +132,41 @@ def test_workspace_holds_the_starting_tree_and_nothing_to_recover_the_fix_from(d
     assert reward == 0.0 and not grade["resolved"]
 
 
+def test_the_docker_image_holds_no_copy_of_a_shipped_library():
+    """The shipped tasks' libraries are nowhere in the image outside the workspace: neither
+    importable from elsewhere (Debian's pytest used to pull in more-itertools) nor vendored
+    (pkg_resources carried another copy), so the agent cannot read their unbroken source."""
+    require_docker()
+    from agentrl.envs.swe.shipped import PACKAGES
+    from agentrl.sandbox import make_sandbox
+
+    modules = {
+        "boltons",
+        "toolz",
+        "tlz",
+        "cachetools",
+        "more_itertools",
+        "click",
+        "parse",
+        "tabulate",
+        "voluptuous",
+    }
+    assert {name.replace("-", "_") for name, *_ in PACKAGES} <= modules
+    named = " -o ".join(f"-name {m} -o -name {m}.py" for m in sorted(modules - {"parse"}))
+    probe = (
+        f"cd / && python3 -c 'import importlib.util as u; print(sorted(m for m in {json.dumps(sorted(modules))} if u.find_spec(m)))' "
+        f"&& find / -xdev \\( -path /proc -o -path /testbed \\) -prune -o \\( {named} -o -path '*packages*/parse.py' \\) -print "
+        "2>/dev/null; echo end"
+    )
+
+    async def run():
+        async with make_sandbox("docker") as sandbox:
+            return await sandbox.exec(probe, timeout=120)
+
+    result = asyncio.run(run())
+    assert result.output.split() == ["[]", "end"], result.output
+
+
 def test_the_gold_patch_through_the_tools_earns_1(dataset, backend):
     folder, sha = dataset
     env = SweEnv(sandbox=backend, tasks=str(write_rows(folder, [row(sha)])))

@@ -78,6 +78,10 @@ SANDBOX_UID = 1000  # the sandbox user's uid inside bubblewrap's user namespace 
 HOST_UIDS = range(200_000, 265_536)  # host uids for sandboxes started as root, one per sandbox
 REAPER = Path(__file__).with_name("_reaper.py")
 FILE_OP_TIMEOUT = 60.0
+# bwrap's message when a host mount changed under it while it set up the sandbox's view
+MOUNT_RACE = "Unable to apply mount flags"
+MOUNT_RACE_TRIES = 6
+MOUNT_RACE_PAUSE = 0.05
 # Moves the shell into the cgroups whose cgroup.procs files come before "--", then runs the rest.
 JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 
@@ -97,7 +101,7 @@ def bwrap_works() -> tuple[bool, str]:
         probe = subprocess.run([*probe_argv, "--dev", "/dev", "true"], capture_output=True, text=True)
         # A mount that appears or goes while bwrap re-mounts the host's tree read-only (a Docker
         # container starting or stopping on this host) fails it once; the next try succeeds.
-        if probe.returncode == 0 or "Unable to apply mount flags" not in probe.stderr:
+        if probe.returncode == 0 or MOUNT_RACE not in probe.stderr:
             break
         time.sleep(0.05 * (attempt + 1))
     if probe.returncode != 0:
@@ -435,6 +439,16 @@ class LocalSandbox(AsyncStartClose):
             out += ["setpriv", *ids, "--inh-caps=-all", "--bounding-set=-all", "--"]
         return out + argv
 
+    def _lost_mount_race(self, code: int | None, output: str, attempt: int) -> bool:
+        """Whether bwrap failed before the command ran because a mount on the host came or went
+        while it re-mounted the host's tree read-only (a Docker container starting or stopping on
+        this host); the same command run again a moment later succeeds."""
+        # bwrap's one line and nothing else; a command that prints exactly this line and exits 1
+        # is run again too (up to MOUNT_RACE_TRIES times), which nothing else can tell apart
+        lost = bool(self._bwrap) and code == 1 and output.startswith("bwrap: Can't ")
+        lost = lost and MOUNT_RACE in output and output.rstrip("\n").count("\n") == 0
+        return lost and attempt + 1 < MOUNT_RACE_TRIES
+
     def _argv(self, argv: list[str], cwd: str) -> list[str]:
         if self._bwrap:
             return self._bwrap_argv(argv, cwd)
@@ -593,27 +607,31 @@ class LocalSandbox(AsyncStartClose):
         start = time.perf_counter()
         oom_before = self._cgroup.oom_kills() if self._cgroup else 0
         pids_before = self._cgroup.pids_refused() if self._cgroup else 0
-        with tempfile.TemporaryFile() as out:
-            proc = await self._spawn(["bash", "-c", cmd], workdir, env, timeout, out)
-            try:
-                timed_out, pids_exhausted = await self._wait(proc, timeout, pids_before)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._stop(proc))
-                raise
-            finally:
-                self._procs.discard(proc)
-            if timed_out or pids_exhausted:
-                await self._stop(proc)
-            else:
-                await self._sweep()  # background processes do not outlive their command here
-            size = out.seek(0, os.SEEK_END)
-            out.seek(0)
-            if size > cap:
-                head = out.read(cap // 2)
-                out.seek(size - (cap - cap // 2))
-                text = join_cut(head, out.read(), size)
-            else:
-                text = out.read().decode("utf-8", errors="replace")
+        for attempt in range(MOUNT_RACE_TRIES):
+            with tempfile.TemporaryFile() as out:
+                proc = await self._spawn(["bash", "-c", cmd], workdir, env, timeout, out)
+                try:
+                    timed_out, pids_exhausted = await self._wait(proc, timeout, pids_before)
+                except asyncio.CancelledError:
+                    await asyncio.shield(self._stop(proc))
+                    raise
+                finally:
+                    self._procs.discard(proc)
+                if timed_out or pids_exhausted:
+                    await self._stop(proc)
+                else:
+                    await self._sweep()  # background processes do not outlive their command here
+                size = out.seek(0, os.SEEK_END)
+                out.seek(0)
+                if size > cap:
+                    head = out.read(cap // 2)
+                    out.seek(size - (cap - cap // 2))
+                    text = join_cut(head, out.read(), size)
+                else:
+                    text = out.read().decode("utf-8", errors="replace")
+            if not self._lost_mount_race(proc.returncode, text, attempt):
+                break
+            await asyncio.sleep(MOUNT_RACE_PAUSE * (attempt + 1))
         code = proc.returncode
         exit_code = 124 if timed_out else 137 if pids_exhausted else (128 - code if code < 0 else code)
         oom = bool(self._cgroup and self._cgroup.oom_kills() > oom_before)
@@ -635,14 +653,18 @@ class LocalSandbox(AsyncStartClose):
             raise SandboxError("the sandbox is not started or already closed")
         argv = ["bash", "-c", FILE_OPS, "agentrl", op, self.workdir, path]
         stdin = subprocess.PIPE if data is not None else None
-        proc = await self._spawn(argv, self.workdir, None, FILE_OP_TIMEOUT, subprocess.PIPE, stdin)
-        try:
-            stdout, stderr = await asyncio.wait_for(proc.communicate(data), FILE_OP_TIMEOUT)
-        except (TimeoutError, asyncio.CancelledError):
-            await asyncio.shield(self._stop(proc))
-            raise
-        finally:
-            self._procs.discard(proc)
+        for attempt in range(MOUNT_RACE_TRIES):
+            proc = await self._spawn(argv, self.workdir, None, FILE_OP_TIMEOUT, subprocess.PIPE, stdin)
+            try:
+                stdout, stderr = await asyncio.wait_for(proc.communicate(data), FILE_OP_TIMEOUT)
+            except (TimeoutError, asyncio.CancelledError):
+                await asyncio.shield(self._stop(proc))
+                raise
+            finally:
+                self._procs.discard(proc)
+            if not self._lost_mount_race(proc.returncode, stderr.decode(errors="replace"), attempt):
+                break
+            await asyncio.sleep(MOUNT_RACE_PAUSE * (attempt + 1))
         error = file_op_error(proc.returncode, op, path, self.workdir, stdout, stderr)
         if error is not None:
             raise error

@@ -69,6 +69,45 @@ def test_isolation_none_must_be_asked_for(monkeypatch):
     run(go())
 
 
+def test_a_mount_race_lost_by_bwrap_is_run_again(monkeypatch, tmp_path):
+    """bwrap fails before the command runs when a host mount comes or goes under it (a Docker
+    container starting beside the sandbox); commands and file writes run again instead of
+    failing, and a command's own failure is not mistaken for it."""
+    from agentrl.sandboxes import local
+
+    ok, real = local.bwrap_works()
+    if not ok:
+        pytest.skip(real)
+    tries = tmp_path / "tries"
+    flaky = tmp_path / "bwrap"
+    # fails twice in every three calls with bwrap's message, as the race does, then runs bwrap
+    flaky.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {tries}; n=$(wc -l < {tries})\n"
+        "if [ $((n % 3)) -ne 0 ]; then\n"
+        "  echo \"bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: "
+        'remount \\"/newroot/etc/resolv.conf\\": Invalid argument" >&2; exit 1\n'
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    flaky.chmod(0o755)
+    monkeypatch.setattr(local, "bwrap_works", lambda: (True, str(flaky)))
+
+    async def go():
+        async with make_sandbox("local", isolation="bwrap", **SETTINGS["local"]) as sb:
+            result = await sb.exec("echo ran", timeout=10)
+            assert (result.exit_code, result.output) == (0, "ran\n")
+            await sb.write_file("f.txt", "kept")
+            assert await sb.read_file("f.txt") == b"kept"
+            ran = len(tries.read_text().splitlines())
+            assert ran == 12  # workspace setup, exec, write, read: three calls each
+            own = await sb.exec("echo 'mount: Unable to apply mount flags' >&2; exit 1", timeout=10)
+            assert own.exit_code == 1 and "mount flags" in own.output
+            assert len(tries.read_text().splitlines()) == ran + 3  # the command ran once
+
+    run(go())
+
+
 @pytest.mark.parametrize("isolation", ["bwrap", "none"])
 def test_local_sandbox_user_is_not_host_root(isolation, tmp_path):
     """Started as root, the local sandbox's commands run as a host uid of their own: no mode-0600

@@ -45,4 +45,10 @@ class Registry:
 
 
 ENGINES = Registry("engine.kind", {"local": "agentrl.rollout.local:from_config"})
-BACKENDS = Registry("trainer.backend", {"torch": "agentrl.trainer.torch_backend:from_config"})
+BACKENDS = Registry(
+    "trainer.backend",
+    {
+        "torch": "agentrl.trainer.torch_backend:from_config",
+        "megatron": "agentrl.trainer.megatron_backend:from_config",
+    },
+)

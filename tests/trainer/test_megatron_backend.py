@@ -1,0 +1,171 @@
+"""The Megatron backend against the PyTorch backend on the same HF weights (fp32, CPU, TP=1), and at
+TP=2 and DP=2 (two gloo processes) against TP=1; HF <-> Megatron conversion bit-exact."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from agentrl.trainer.backend import Batch, LossConfig
+from agentrl.trainer.megatron_backend import MegatronBackend
+from agentrl.trainer.megatron_convert import hf_to_megatron, megatron_to_hf
+from agentrl.trainer.torch_backend import TorchBackend
+from agentrl.trajectory import Trajectory, TurnSpan
+
+VOCAB = 97  # odd: at tp=2 the vocabulary is padded by one row that must never count
+
+
+def tiny_hf(kind: str, seed: int = 0):
+    """A random 2-layer model: ``llama`` (untied lm_head, no biases, rope_theta 500000) or ``qwen2``
+    (tied embeddings, q/k/v biases). 4 query heads over 2 key/value groups (GQA)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+    )
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False, rope_theta=500000.0))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True, rope_theta=10000.0))
+    with torch.no_grad():  # RMSNorm weights of ones and zero biases would hide a misplaced tensor
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.float().train()
+
+
+def ppo_batch(seed: int = 0) -> Batch:
+    """Three rows (24, 15, 31 tokens) with prompt / assistant / tool / assistant spans, advantages,
+    returns, old values and IcePop weights (one token dropped per row)."""
+    g = torch.Generator().manual_seed(seed)
+    trajectories = []
+    for n in (24, 15, 31):
+        ids = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        mask = [0] * 4 + [1] * 6 + [0] * 3 + [1] * (n - 13)
+        turns = [TurnSpan(0, 4, "prompt"), TurnSpan(4, 10, "assistant"), TurnSpan(10, 13, "tool")]
+        turns.append(TurnSpan(13, n, "assistant"))
+        logps = [(-4.0 if m else 0.0) for m in mask]
+        trajectories.append(Trajectory(ids, mask, logps, turns, reward=float(n % 2)))
+    batch = Batch.from_trajectories(trajectories)
+    shape = batch.input_ids.shape
+    batch.advantages = torch.randn(shape, generator=g) * batch.loss_mask
+    batch.returns = torch.randn(shape, generator=g) * batch.loss_mask
+    batch.old_values = torch.randn(shape, generator=g) * 0.1 * batch.loss_mask
+    weights = batch.loss_mask.float()
+    weights[:, 5] = 0.0
+    batch.token_weights = weights
+    return batch
+
+
+def _head(backend) -> torch.nn.Linear:
+    return backend.critic.head if isinstance(backend, TorchBackend) else backend.critic.output_layer.linear
+
+
+def run_step(backend, batch: Batch) -> dict[str, object]:
+    """Log-probs and values before, one critic and one actor update, the policy's HF weights after."""
+    with torch.no_grad():  # a value head that is not all zeros, the same in every backend
+        _head(backend).weight.copy_(torch.linspace(-0.5, 0.5, _head(backend).weight.numel()).view(1, -1))
+        _head(backend).bias.fill_(0.25)
+    batch = copy.copy(batch)
+    out: dict[str, object] = {"logprobs": backend.logprobs(batch), "values": backend.values(batch)}
+    batch.old_logprobs = out["logprobs"] + 0.05 * batch.loss_mask  # ratios away from 1: clipping acts
+    out |= backend.train_critic(batch, LossConfig())
+    out |= backend.train_actor(batch, LossConfig())
+    out["weights"] = backend.engine_state_dict()
+    return out
+
+
+def _backend(kind: str, model, **kw):
+    args = dict(actor_lr=1e-2, critic_lr=1e-2, micro_token_budget=40, grad_clip=0.5, weight_decay=0.01)
+    return kind(model, **args, **kw)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_hf_megatron_hf_is_bit_exact_at_every_tp(kind):
+    model = tiny_hf(kind)
+    hf = model.state_dict()
+    for tp in (1, 2):
+        shards = [hf_to_megatron(hf, model.config, tp, r) for r in range(tp)]
+        back = megatron_to_hf(shards, model.config)
+        assert set(back) == set(hf)
+        assert all(torch.equal(back[k], hf[k]) for k in hf), kind
+    # a TP shard holds whole key/value groups: rank 1's first query rows are HF's query head 2
+    d = 8
+    rank1 = hf_to_megatron(hf, model.config, 2, 1)["decoder.layers.0.self_attention.linear_qkv.weight"]
+    assert torch.equal(rank1[: 2 * d], hf["model.layers.0.self_attn.q_proj.weight"][2 * d : 4 * d])
+    assert torch.equal(rank1[2 * d : 3 * d], hf["model.layers.0.self_attn.k_proj.weight"][d : 2 * d])
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_megatron_matches_the_torch_backend_through_one_ppo_step(kind):
+    model = tiny_hf(kind)
+    batch = ppo_batch()
+    want = run_step(_backend(TorchBackend, copy.deepcopy(model)), batch)
+    got = run_step(_backend(MegatronBackend, copy.deepcopy(model)), batch)
+    torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0)
+    for key in (
+        "critic/value_loss",
+        "critic/grad_norm",
+        "actor/policy_loss",
+        "actor/grad_norm",
+        "actor/entropy",
+    ):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert want["actor/grad_norm"] > 0.5  # the clip acted: the clipped step is compared too
+    moved = 0.0
+    for name, w in want["weights"].items():
+        torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=name)
+        moved = max(moved, float((w - model.state_dict()[name]).abs().max()))
+    assert moved > 1e-3  # the step changed the weights by far more than the tolerance
+
+
+def test_bad_sizes_stop_with_the_values_named():
+    model = tiny_hf("qwen2")
+    with pytest.raises(ValueError, match=r"tp=1 \* pp=1 \* dp=2 = 2 ranks, but 1 processes"):
+        MegatronBackend(model, dp=2)
+    with pytest.raises(ValueError, match=r"trainer.megatron.pp=2"):
+        MegatronBackend(model, pp=2)
+
+
+def _worker(rank: int, world: int, store_path: str, kind: str, tp: int, dp: int, out_path: str) -> None:
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    got = run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, dp=dp), ppo_batch())
+    if rank == 0:
+        torch.save(got, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("kind", "tp", "dp"), [("llama", 2, 1), ("qwen2", 2, 1), ("qwen2", 1, 2)])
+def test_tp2_and_dp2_match_one_process(tmp_path, kind, tp, dp):
+    """Two gloo processes (tensor- or data-parallel) give the log-probs, values, losses, gradient
+    norms and updated weights of one process on the same global batch."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "out.pt"
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), kind, tp, dp, str(out)), nprocs=2, join=True)
+    got = torch.load(out, weights_only=False)
+    want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
+    torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0)
+    for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    for name, w in want["weights"].items():
+        torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=name)

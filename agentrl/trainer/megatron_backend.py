@@ -17,12 +17,19 @@ parallel, numerically the PyTorch backend's twin.
   minibatch and sum their gradients, the gradient norm counts tensor-parallel shards once,
   torch AdamW and the PyTorch backend's schedule. The losses are ``agentrl.algo``'s.
 - Processes: under ``torchrun`` the world is ``tp * pp * dp`` ranks; alone, one gloo process.
+  Rank 0 runs the trainer (rollouts, engine, loop) and drives: each backend call it makes is sent
+  to the other ranks first (method and arguments, the batch included), which run nothing but
+  ``follow()``, so every rank executes the same call on the same batch.
   Checkpoints: one file per tensor-parallel rank (written by data-parallel rank 0).
+- Precision: fp32 weights and optimizer; ``dtype="bfloat16"`` runs the forward passes under bf16
+  autocast (CUDA only), as the PyTorch backend does.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -109,6 +116,22 @@ def _seed(seed: int) -> None:
         megatron_cpu.apply(seed)
 
 
+def _collective(method):
+    """A backend call every rank must make: on rank 0 it is first sent to the followers."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if self.driven and self.rank == 0 and not self._busy:
+            dist.broadcast_object_list([(method.__name__, args, kwargs)], src=0)
+        self._busy = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._busy = False
+
+    return call
+
+
 def _is_sharded(p: Tensor) -> bool:
     return bool(getattr(p, "tensor_model_parallel", False))
 
@@ -134,13 +157,19 @@ class MegatronBackend:
         minibatches: int = 1,
         micro_token_budget: int = 8192,
         logprob_chunk: int = 1024,
+        dtype: str = "float32",
         reference: bool = False,
         critic: bool = True,
         seed: int = 0,
+        driven: bool = False,
     ):
+        """``driven``: rank 0 alone calls the backend and the other ranks ``follow()`` (the trainer);
+        otherwise every rank makes every call itself (a script run by torchrun on all ranks)."""
         from megatron.core import parallel_state as ps
 
         init_parallel(tp, pp, dp, seed)
+        self.world, self.rank, self._busy = dist.get_world_size(), dist.get_rank(), False
+        self.driven = driven and self.world > 1
         self.hf_config = policy.config
         self.device = (
             torch.device("cuda", torch.cuda.current_device())
@@ -151,6 +180,12 @@ class MegatronBackend:
         self.dp_group = ps.get_data_parallel_group()
         self.tp_rank, self.dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
         self.dp = dp
+        if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and self.device.type != "cuda"):
+            raise ValueError(
+                f"model.dtype={dtype!r}: the Megatron backend runs float32, or bfloat16 autocast on CUDA; "
+                "set model.dtype=float32 on CPU"
+            )
+        self.autocast = dtype == "bfloat16"
         hf_state = {k: v.detach().float().cpu() for k, v in policy.state_dict().items()}
         self.policy = self._gpt(hf_state, value=False)
         self.critic = self._gpt(hf_state, value=True) if critic else None
@@ -167,6 +202,23 @@ class MegatronBackend:
         self._critic_args = (critic_lr, weight_decay, adam_eps, warmup_steps, schedule, critic_total)
         if self.critic is not None:
             self._critic_optimizer()
+        if self.driven and self.rank == 0:
+            atexit.register(self._release_followers)
+
+    # -- processes --
+    def follow(self) -> None:
+        """Ranks other than 0: run each call rank 0 makes, until rank 0's process ends."""
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0)
+            name, args, kwargs = box[0]
+            if name == "stop":
+                return
+            getattr(self, name)(*args, **kwargs)
+
+    def _release_followers(self) -> None:
+        if dist.is_initialized():
+            dist.broadcast_object_list([("stop", (), {})], src=0)
 
     # -- models --
     def _gpt(self, hf_state: dict[str, Tensor], *, value: bool) -> nn.Module:
@@ -194,12 +246,14 @@ class MegatronBackend:
     def _policy_hf_state(self) -> dict[str, Tensor]:
         return megatron_to_hf(self._gather_shards(self.policy), self.hf_config)
 
+    @_collective
     def reset_critic(self) -> None:
         """A fresh value model (and optimizer) from the policy as it is now (after a warm start)."""
         if self.critic is not None:
             self.critic = self._gpt(self._policy_hf_state(), value=True)
             self._critic_optimizer()
 
+    @_collective
     def reset_reference(self) -> None:
         if self.reference is not None:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
@@ -220,11 +274,12 @@ class MegatronBackend:
         seg = torch.cat(segments)
         causal = torch.tril(torch.ones(start, start, dtype=torch.bool))
         masked = ~(causal & (seg[:, None] == seg[None, :]))  # Megatron: True = may not attend
-        out = model(
-            torch.cat(ids)[None].to(self.device),
-            torch.cat(positions)[None].to(self.device),
-            masked[None, None].to(self.device),
-        )
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            out = model(
+                torch.cat(ids)[None].to(self.device),
+                torch.cat(positions)[None].to(self.device),
+                masked[None, None].to(self.device),
+            )
         return out[0][torch.cat(src).to(self.device)]
 
     def _scatter(self, flat: Tensor, batch: Batch, rows: list[int]) -> Tensor:
@@ -268,9 +323,11 @@ class MegatronBackend:
             out[rows] = fn(rows).cpu()
         return out
 
+    @_collective
     def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
         return self._all(lambda rows: self._row_logprobs(self.policy, batch, rows, temperature), batch)
 
+    @_collective
     def ref_logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
         if self.reference is None:
             raise RuntimeError(
@@ -278,6 +335,7 @@ class MegatronBackend:
             )
         return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
 
+    @_collective
     def values(self, batch: Batch) -> Tensor:
         return self._all(lambda rows: self._row_values(batch, rows), batch)
 
@@ -348,6 +406,7 @@ class MegatronBackend:
             return lambda rows: int(batch.loss_mask[rows].sum())
         return lambda rows: int((batch.loss_mask[rows].sum(1) > 0).sum())
 
+    @_collective
     def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
         device = self.device
 
@@ -387,6 +446,7 @@ class MegatronBackend:
         )
         return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
 
+    @_collective
     def train_critic(
         self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
     ) -> dict[str, float]:
@@ -416,6 +476,7 @@ class MegatronBackend:
         )
         return _mean(history, prefix="critic/")
 
+    @_collective
     def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
         opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
         sched = lr_schedule(opt, 0, "constant", 1)
@@ -444,6 +505,7 @@ class MegatronBackend:
         dist.all_gather_object(shards, local, group=self.tp_group)
         return shards
 
+    @_collective
     def engine_state_dict(self) -> dict[str, Any]:
         """The policy's weights under the HF model's names (the engine's and ``save_pretrained``'s)."""
         return self._policy_hf_state()
@@ -451,9 +513,14 @@ class MegatronBackend:
     def _file(self, path: str) -> Path:
         return Path(path) / f"megatron-tp{self.tp_rank}.pt"
 
+    @_collective
     def save(self, path: str) -> None:
-        if self.dp_rank != 0:
-            return
+        if self.dp_rank == 0:
+            self._save(path)
+        if self.world > 1:
+            dist.barrier()  # every file is written before rank 0 completes the checkpoint
+
+    def _save(self, path: str) -> None:
         state = {
             "policy": self.policy.state_dict(),
             "actor_opt": self.actor_opt.state_dict(),
@@ -470,6 +537,7 @@ class MegatronBackend:
             state["reference"] = self.reference.state_dict()
         torch.save(state, self._file(path))
 
+    @_collective
     def load(self, path: str) -> None:
         file = self._file(path)
         if not file.exists():
@@ -493,6 +561,8 @@ class MegatronBackend:
 def from_config(policy: nn.Module, cfg) -> MegatronBackend:
     """``trainer.backend: megatron``: sizes from ``trainer.megatron``, the rest as the PyTorch backend
     (``optim``, ``algo.kl_coef``); fp32 on CPU."""
+    from agentrl.device import resolve_dtype
+
     o, m = cfg.optim, cfg.trainer.megatron
     return MegatronBackend(
         policy,
@@ -512,6 +582,8 @@ def from_config(policy: nn.Module, cfg) -> MegatronBackend:
         minibatches=o.minibatches,
         micro_token_budget=o.micro_token_budget,
         logprob_chunk=o.logprob_chunk,
+        dtype=resolve_dtype(cfg.model.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         reference=cfg.algo.kl_coef > 0,
         seed=cfg.run.seed,
+        driven=True,
     )

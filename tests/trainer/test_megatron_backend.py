@@ -140,35 +140,40 @@ def test_bad_sizes_stop_with_the_values_named():
         MegatronBackend(model, pp=2)
 
 
-def _worker(rank: int, world: int, store_path: str, kind: str, tp: int, dp: int, out_path: str) -> None:
+def _worker(rank: int, world: int, store_path: str, cases: list, out_path: str) -> None:
     import torch.distributed as dist
 
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     torch.set_num_threads(1)
-    got = run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, dp=dp), ppo_batch())
+    got = [
+        run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, dp=dp), ppo_batch())
+        for kind, tp, dp in cases
+    ]
     if rank == 0:
         torch.save(got, out_path)
     dist.barrier()
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("kind", "tp", "dp"), [("llama", 2, 1), ("qwen2", 2, 1), ("qwen2", 1, 2)])
-def test_tp2_and_dp2_match_one_process(tmp_path, kind, tp, dp):
-    """Two gloo processes (tensor- or data-parallel) give the log-probs, values, losses, gradient
-    norms and updated weights of one process on the same global batch."""
+def test_tp2_and_dp2_match_one_process(tmp_path):
+    """Two gloo processes (tensor-parallel: Llama with its padded vocabulary, Qwen2 with its split
+    q/k/v biases; then data-parallel) give the log-probs, values, losses, gradient norms and
+    updated weights of one process on the same global batch."""
     import torch.multiprocessing as mp
 
+    cases = [("llama", 2, 1), ("qwen2", 2, 1), ("qwen2", 1, 2)]
     out = tmp_path / "out.pt"
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), kind, tp, dp, str(out)), nprocs=2, join=True)
-    got = torch.load(out, weights_only=False)
-    want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
-    torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0)
-    torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0)
-    for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):
-        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
-    for name, w in want["weights"].items():
-        torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=name)
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), cases, str(out)), nprocs=2, join=True)
+    for (kind, tp, dp), got in zip(cases, torch.load(out, weights_only=False), strict=True):
+        want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
+        case = f"{kind} tp={tp} dp={dp}"
+        torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0, msg=case)
+        torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0, msg=case)
+        for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (case, key)
+        for name, w in want["weights"].items():
+            torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=f"{case} {name}")
 
 
 def test_a_loaded_checkpoint_continues_exactly_as_the_saved_backend(tmp_path):
@@ -208,3 +213,41 @@ def test_quickstart_trains_on_the_megatron_backend_and_resumes(tmp_path):
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records)
     assert all("critic/value_loss" in r for r in records)
+
+
+def test_torchrun_trains_the_quickstart_at_tp2_driven_by_rank_0(tmp_path):
+    """``torchrun --nproc-per-node 2 ... trainer.megatron.tp=2``: rank 0 runs the trainer and the
+    rollouts, rank 1 follows its backend calls; both write their checkpoint shard; the run ends cleanly
+    and the engine's log-probs are the ones the split model recomputes."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.trainer.test_trainer import SMALL_QUICKSTART
+
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        f"--master-port={port}",
+    ]
+    command += ["-m", "agentrl.cli", "train", "recipes/quickstart.yaml", f"run.output_dir={tmp_path}"]
+    command += ["run.iterations=2", "trainer.backend=megatron", "trainer.megatron.tp=2", *SMALL_QUICKSTART]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "quickstart"
+    for rank in (0, 1):
+        assert (run / f"checkpoints/iter-000002/megatron-tp{rank}.pt").stat().st_size > 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records)

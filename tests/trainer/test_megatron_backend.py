@@ -251,3 +251,28 @@ def test_torchrun_trains_the_quickstart_at_tp2_driven_by_rank_0(tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1]
     assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records)
+
+
+def test_vocab_parallel_logprobs_equal_token_logprobs_with_temperature_and_padding():
+    """One rank holding the whole (padded) vocabulary: the log-probs, entropies and both gradients
+    are those of ``agentrl.algo.token_logprobs`` over the real rows; the padded rows count nowhere."""
+    from agentrl.algo import token_logprobs
+    from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 16, generator=g, requires_grad=True)
+    weight = torch.randn(VOCAB + 3, 16, generator=g)  # 3 padded rows, never a target
+    weight[VOCAB:] = 5.0  # large logits: counted in the normaliser, they would show
+    weight.requires_grad_(True)
+    targets = torch.randint(0, VOCAB, (37,), generator=g)
+    got = vocab_parallel_logprobs(
+        hidden, weight, targets, vocab_size=VOCAB, temperature=0.7, chunk=8, entropy=True
+    )
+    want = token_logprobs(hidden, weight[:VOCAB], targets, 0.7, 8, True)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    coef = torch.randn(37, generator=g)
+    grads = [torch.autograd.grad((lp * coef).sum(), (hidden, weight)) for lp in (got[0], want[0])]
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-5, rtol=1e-5)
+    assert float(grads[0][1][VOCAB:].abs().max()) == 0.0

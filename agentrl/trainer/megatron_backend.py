@@ -85,6 +85,8 @@ def init_parallel(tp: int, pp: int, dp: int, seed: int) -> None:
         )
     if not dist.is_initialized():
         if "WORLD_SIZE" in os.environ:
+            if torch.cuda.is_available():  # one GPU per process, torchrun's local rank
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import datetime
 import functools
 import os
 from pathlib import Path
@@ -43,6 +44,10 @@ from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trainer.megatron_convert import build_gpt, hf_to_megatron, megatron_to_hf
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
 from agentrl.trainer.torch_backend import _mean, lr_schedule, pack
+
+FOLLOWER_WAIT_HOURS = 24
+"""How long the other ranks wait for rank 0's next backend call (one iteration's rollouts) before
+the process group times out."""
 
 
 class HiddenOut(nn.Module):
@@ -87,7 +92,9 @@ def init_parallel(tp: int, pp: int, dp: int, seed: int) -> None:
         if "WORLD_SIZE" in os.environ:
             if torch.cuda.is_available():  # one GPU per process, torchrun's local rank
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            # the followers wait in a broadcast while rank 0 collects rollouts: as long as that takes
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(hours=FOLLOWER_WAIT_HOURS))
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     world = dist.get_world_size()

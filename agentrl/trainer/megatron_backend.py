@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import datetime
-import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +40,8 @@ from agentrl.algo import kl_penalty, policy_loss, value_loss
 from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trainer.megatron_convert import build_gpt, hf_to_megatron, megatron_to_hf
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
+from agentrl.trainer.megatron_parallel import collective, init_parallel
 from agentrl.trainer.torch_backend import _mean, lr_schedule, pack
-
-FOLLOWER_WAIT_HOURS = 24
-"""How long the other ranks wait for rank 0's next backend call (one iteration's rollouts) before
-the process group times out."""
 
 
 class HiddenOut(nn.Module):
@@ -77,68 +71,6 @@ class ValueHead(nn.Module):
 
     def forward(self, x: Tensor, weight: Tensor | None = None, runtime_gather_output=None):
         return self.linear(x), None
-
-
-def init_parallel(tp: int, pp: int, dp: int, seed: int) -> None:
-    """The process group (torchrun's, or one gloo process) and Megatron's model-parallel groups."""
-    from megatron.core import parallel_state as ps
-
-    if pp != 1:
-        raise ValueError(
-            f"trainer.megatron.pp={pp}: pipeline parallelism is not implemented by this backend yet; "
-            "set trainer.megatron.pp=1 (use tp and dp)"
-        )
-    if not dist.is_initialized():
-        if "WORLD_SIZE" in os.environ:
-            if torch.cuda.is_available():  # one GPU per process, torchrun's local rank
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            # the followers wait in a broadcast while rank 0 collects rollouts: as long as that takes
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, timeout=datetime.timedelta(hours=FOLLOWER_WAIT_HOURS))
-        else:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    world = dist.get_world_size()
-    if world != tp * pp * dp:
-        raise ValueError(
-            f"trainer.megatron tp={tp} * pp={pp} * dp={dp} = {tp * pp * dp} ranks, but {world} processes "
-            f"run: launch with torchrun --nproc-per-node {tp * pp * dp}, or change the sizes"
-        )
-    if ps.model_parallel_is_initialized():
-        if (
-            ps.get_tensor_model_parallel_world_size() == tp
-            and ps.get_pipeline_model_parallel_world_size() == pp
-        ):
-            return _seed(seed)
-        ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    _seed(seed)
-
-
-def _seed(seed: int) -> None:
-    if torch.cuda.is_available():
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-        model_parallel_cuda_manual_seed(seed)
-    else:
-        from agentrl.trainer import megatron_cpu
-
-        megatron_cpu.apply(seed)
-
-
-def _collective(method):
-    """A backend call every rank must make: on rank 0 it is first sent to the followers."""
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        if self.driven and self.rank == 0 and not self._busy:
-            dist.broadcast_object_list([(method.__name__, args, kwargs)], src=0)
-        self._busy = True
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self._busy = False
-
-    return call
 
 
 def _is_sharded(p: Tensor) -> bool:
@@ -255,14 +187,14 @@ class MegatronBackend:
     def _policy_hf_state(self) -> dict[str, Tensor]:
         return megatron_to_hf(self._gather_shards(self.policy), self.hf_config)
 
-    @_collective
+    @collective
     def reset_critic(self) -> None:
         """A fresh value model (and optimizer) from the policy as it is now (after a warm start)."""
         if self.critic is not None:
             self.critic = self._gpt(self._policy_hf_state(), value=True)
             self._critic_optimizer()
 
-    @_collective
+    @collective
     def reset_reference(self) -> None:
         if self.reference is not None:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
@@ -332,11 +264,11 @@ class MegatronBackend:
             out[rows] = fn(rows).cpu()
         return out
 
-    @_collective
+    @collective
     def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
         return self._all(lambda rows: self._row_logprobs(self.policy, batch, rows, temperature), batch)
 
-    @_collective
+    @collective
     def ref_logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
         if self.reference is None:
             raise RuntimeError(
@@ -344,7 +276,7 @@ class MegatronBackend:
             )
         return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
 
-    @_collective
+    @collective
     def values(self, batch: Batch) -> Tensor:
         return self._all(lambda rows: self._row_values(batch, rows), batch)
 
@@ -415,7 +347,7 @@ class MegatronBackend:
             return lambda rows: int(batch.loss_mask[rows].sum())
         return lambda rows: int((batch.loss_mask[rows].sum(1) > 0).sum())
 
-    @_collective
+    @collective
     def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
         device = self.device
 
@@ -455,7 +387,7 @@ class MegatronBackend:
         )
         return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
 
-    @_collective
+    @collective
     def train_critic(
         self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
     ) -> dict[str, float]:
@@ -485,7 +417,7 @@ class MegatronBackend:
         )
         return _mean(history, prefix="critic/")
 
-    @_collective
+    @collective
     def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
         opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
         sched = lr_schedule(opt, 0, "constant", 1)
@@ -514,7 +446,7 @@ class MegatronBackend:
         dist.all_gather_object(shards, local, group=self.tp_group)
         return shards
 
-    @_collective
+    @collective
     def engine_state_dict(self) -> dict[str, Any]:
         """The policy's weights under the HF model's names (the engine's and ``save_pretrained``'s)."""
         return self._policy_hf_state()
@@ -522,7 +454,7 @@ class MegatronBackend:
     def _file(self, path: str) -> Path:
         return Path(path) / f"megatron-tp{self.tp_rank}.pt"
 
-    @_collective
+    @collective
     def save(self, path: str) -> None:
         if self.dp_rank == 0:
             self._save(path)
@@ -546,7 +478,7 @@ class MegatronBackend:
             state["reference"] = self.reference.state_dict()
         torch.save(state, self._file(path))
 
-    @_collective
+    @collective
     def load(self, path: str) -> None:
         file = self._file(path)
         if not file.exists():

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from agentrl.trainer.backend import Batch, LossConfig
+from agentrl.trainer.backend import Batch, LossConfig, TrainBackend
 from agentrl.trainer.megatron_backend import MegatronBackend
 from agentrl.trainer.megatron_convert import hf_to_megatron, megatron_to_hf
 from agentrl.trainer.torch_backend import TorchBackend
@@ -113,7 +113,9 @@ def test_megatron_matches_the_torch_backend_through_one_ppo_step(kind):
     model = tiny_hf(kind)
     batch = ppo_batch()
     want = run_step(_backend(TorchBackend, copy.deepcopy(model)), batch)
-    got = run_step(_backend(MegatronBackend, copy.deepcopy(model)), batch)
+    megatron = _backend(MegatronBackend, copy.deepcopy(model))
+    assert isinstance(megatron, TrainBackend)
+    got = run_step(megatron, batch)
     torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-4, rtol=0)
     torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0)
     for key in (

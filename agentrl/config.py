@@ -143,7 +143,7 @@ class MegatronConfig(Section):
     """Tensor-parallel size: each layer's weights split over this many ranks (must divide the
     model's key/value heads and MLP width)."""
     pp: int = Field(1, ge=1)
-    """Pipeline-parallel size (only 1 is implemented yet)."""
+    """Pipeline-parallel size: the layers split into this many stages (must divide the layer count)."""
     dp: int = Field(1, ge=1)
     """Data-parallel size: model replicas, each taking its share of every minibatch's rows.
     ``torchrun`` must start ``tp * pp * dp`` processes (one process alone: all three 1)."""

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from agentrl.algo import kl_penalty, policy_loss, value_loss
 from agentrl.trainer.backend import Batch, LossConfig
-from agentrl.trainer.megatron_convert import build_gpt, hf_to_megatron, megatron_to_hf
+from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megatron, megatron_to_hf, to_stage
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
 from agentrl.trainer.megatron_parallel import collective, init_parallel
 from agentrl.trainer.torch_backend import _mean, lr_schedule, pack
@@ -120,7 +120,21 @@ class MegatronBackend:
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         self.tp_rank, self.dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
-        self.dp = dp
+        self.dp, self.pp = dp, pp
+        self.pp_group, self.pp_rank = (
+            ps.get_pipeline_model_parallel_group(),
+            ps.get_pipeline_model_parallel_rank(),
+        )
+        self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        if pp > 1:
+            self.prev_rank = ps.get_pipeline_model_parallel_prev_rank()
+            self.next_rank = ps.get_pipeline_model_parallel_next_rank()
+            self.last_rank = ps.get_pipeline_model_parallel_last_rank()
+        # tied embeddings over several stages: the first stage's embedding and the last stage's copy
+        # get the sum of both gradients (so they stay equal); the copy is left out of the norm
+        self.tied_stages = pp > 1 and bool(getattr(policy.config, "tie_word_embeddings", False))
+        self._tied: set[int] = set()
+        self._copies: set[int] = set()
         if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and self.device.type != "cuda"):
             raise ValueError(
                 f"model.dtype={dtype!r}: the Megatron backend runs float32, or bfloat16 autocast on CUDA; "
@@ -165,17 +179,25 @@ class MegatronBackend:
     def _gpt(self, hf_state: dict[str, Tensor], *, value: bool) -> nn.Module:
         tp = dist.get_world_size(self.tp_group)
         model = build_gpt(self.hf_config, cpu=self.device.type == "cpu")
+        state = hf_to_megatron(hf_state, self.hf_config, tp, self.tp_rank)
         missing, unexpected = model.load_state_dict(
-            hf_to_megatron(hf_state, self.hf_config, tp, self.tp_rank), strict=False
+            to_stage(state, self.hf_config, self.pp, self.pp_rank), strict=False
         )
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
             raise RuntimeError(f"HF -> Megatron left weights unset {missing} or unused {unexpected}")
-        if value:
+        if value and model.post_process:
             model.output_layer = ValueHead(self.hf_config.hidden_size, model.config.sequence_parallel)
-        else:
+        elif model.post_process:
             model.output_layer = HiddenOut(model.output_layer)
-        return model.to(self.device).train()
+        model = model.to(self.device).train()
+        if self.tied_stages and not value:
+            if model.pre_process:
+                self._tied.add(id(model.embedding.word_embeddings.weight))
+            if model.post_process:
+                self._tied.add(id(model.output_layer.weight))
+                self._copies.add(id(model.output_layer.weight))
+        return model
 
     def _critic_optimizer(self) -> None:
         lr, weight_decay, eps, warmup_steps, schedule, total_steps = self._critic_args
@@ -215,12 +237,21 @@ class MegatronBackend:
         seg = torch.cat(segments)
         causal = torch.tril(torch.ones(start, start, dtype=torch.bool))
         masked = ~(causal & (seg[:, None] == seg[None, :]))  # Megatron: True = may not attend
+        if not self.first:  # the previous stage's output, [S, 1, H]
+            x = torch.empty((start, 1, self.hf_config.hidden_size), device=self.device)
+            dist.recv(x, src=self.prev_rank)
+            self._stage_input = x.requires_grad_(torch.is_grad_enabled())
+            model.set_input_tensor(x)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             out = model(
                 torch.cat(ids)[None].to(self.device),
                 torch.cat(positions)[None].to(self.device),
                 masked[None, None].to(self.device),
             )
+        if not self.last:  # on to the next stage; the gradient comes back in _step
+            dist.send(out.detach().float().contiguous(), dst=self.next_rank)
+            self._stage_output = out
+            return None
         return out[0][torch.cat(src).to(self.device)]
 
     def _scatter(self, flat: Tensor, batch: Batch, rows: list[int]) -> Tensor:
@@ -239,6 +270,8 @@ class MegatronBackend:
 
     def _row_logprobs(self, model, batch: Batch, rows: list[int], temperature: float, entropy: bool = False):
         hidden = self._hidden(model, batch, rows)
+        if hidden is None:  # not the last pipeline stage
+            return None
         targets = torch.cat([batch.input_ids[r, 1 : int(batch.lengths[r])] for r in rows]).to(self.device)
         out = vocab_parallel_logprobs(
             hidden.float(),
@@ -254,14 +287,19 @@ class MegatronBackend:
             return self._scatter(out[0], batch, rows), self._scatter(out[1], batch, rows)
         return self._scatter(out, batch, rows)
 
-    def _row_values(self, batch: Batch, rows: list[int]) -> Tensor:
-        return self._scatter(self._hidden(self.critic, batch, rows).squeeze(-1).float(), batch, rows)
+    def _row_values(self, batch: Batch, rows: list[int]) -> Tensor | None:
+        hidden = self._hidden(self.critic, batch, rows)
+        return None if hidden is None else self._scatter(hidden.squeeze(-1).float(), batch, rows)
 
     @torch.no_grad()
     def _all(self, fn, batch: Batch) -> Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rows in pack(batch.lengths.tolist(), list(range(batch.size)), self.budget):
-            out[rows] = fn(rows).cpu()
+            got = fn(rows)
+            if got is not None:
+                out[rows] = got.cpu()
+        if self.pp > 1:  # the last stage computed them
+            dist.broadcast(out, src=self.last_rank, group=self.pp_group)
         return out
 
     @collective
@@ -291,10 +329,12 @@ class MegatronBackend:
         counted once), then every gradient scaled as ``torch.nn.utils.clip_grad_norm_`` does."""
         square = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in params:
-            if p.grad is not None and (_is_sharded(p) or self.tp_rank == 0):
+            if p.grad is not None and (_is_sharded(p) or self.tp_rank == 0) and id(p) not in self._copies:
                 square += p.grad.double().pow(2).sum()
         if dist.get_world_size(self.tp_group) > 1:
             dist.all_reduce(square, group=self.tp_group)
+        if self.pp > 1:
+            dist.all_reduce(square, group=self.pp_group)
         norm = float(square.sqrt())
         coef = min(1.0, self.grad_clip / (norm + 1e-6))
         if coef < 1.0:
@@ -318,18 +358,42 @@ class MegatronBackend:
                 mine = live[self.dp_rank :: self.dp]  # this data-parallel rank's rows
                 metrics: dict[str, float] = {}
                 for micro in pack(lengths, mine, self.budget):
-                    loss, m = loss_fn(micro)
                     share = share_fn(micro) / total
-                    (loss * share).backward()
-                    for k, v in m.items():
-                        metrics[k] = metrics.get(k, 0.0) + v * share
+                    result = loss_fn(micro)
+                    if result is not None:  # the last pipeline stage: the loss
+                        loss, m = result
+                        (loss * share).backward()
+                        for k, v in m.items():
+                            metrics[k] = metrics.get(k, 0.0) + v * share
+                    else:  # an earlier stage: the next stage's gradient of this one's output
+                        grad = torch.empty(self._stage_output.shape, device=self.device)
+                        dist.recv(grad, src=self.next_rank)
+                        self._stage_output.backward(grad.to(self._stage_output.dtype))
+                    if not self.first:
+                        dist.send(self._stage_input.grad.float().contiguous(), dst=self.prev_rank)
                 if self.dp > 1:
                     self._dp_sum(params, metrics)
+                if self.pp > 1:
+                    metrics = self._pipeline_sync(params, metrics)
                 metrics["grad_norm"] = self._grad_norm_and_clip(params)
                 opt.step()
                 sched.step()
                 history.append(metrics)
         return history
+
+    def _pipeline_sync(self, params: list[Tensor], metrics: dict[str, float]) -> dict[str, float]:
+        """Tied embedding copies get their summed gradient; every stage gets the last one's metrics."""
+        from megatron.core import parallel_state as ps
+
+        tied = [p for p in params if id(p) in self._tied]
+        if tied and ps.is_rank_in_embedding_group():
+            for p in tied:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=ps.get_embedding_group())
+        box = [metrics]
+        dist.broadcast_object_list(box, src=self.last_rank, group=self.pp_group)
+        return box[0]
 
     def _dp_sum(self, params: list[Tensor], metrics: dict[str, float]) -> None:
         """Sum gradients and weighted metrics over data-parallel ranks (each holds its rows' shares)."""
@@ -352,7 +416,10 @@ class MegatronBackend:
         device = self.device
 
         def loss_fn(micro: list[int]):
-            logp, entropy = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
+            out = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
+            if out is None:  # not the last pipeline stage
+                return None
+            logp, entropy = out
             sub = batch.rows(micro)
             mask = sub.loss_mask.to(device)
             value, metrics = policy_loss(
@@ -395,6 +462,8 @@ class MegatronBackend:
 
         def loss_fn(micro: list[int]):
             v = self._row_values(batch, micro)
+            if v is None:
+                return None
             sub = batch.rows(micro)
             value, metrics = value_loss(
                 v,
@@ -425,6 +494,8 @@ class MegatronBackend:
 
         def loss_fn(micro: list[int]):
             logp = self._row_logprobs(self.policy, batch, micro, 1.0)
+            if logp is None:
+                return None
             mask = batch.loss_mask[micro].to(self.device)
             value = -(logp * mask).sum() / mask.sum().clamp(min=1)
             return value, {"sft_loss": float(value.detach())}
@@ -439,6 +510,10 @@ class MegatronBackend:
     def _gather_shards(self, model: nn.Module) -> list[dict[str, Tensor]]:
         """Every tensor-parallel rank's weights of ``model`` (on CPU), in rank order."""
         local = {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+        if self.pp > 1:
+            stages: list[Any] = [None] * self.pp
+            dist.all_gather_object(stages, local, group=self.pp_group)
+            local = from_stages(stages, self.hf_config)
         tp = dist.get_world_size(self.tp_group)
         if tp == 1:
             return [local]
@@ -452,7 +527,8 @@ class MegatronBackend:
         return self._policy_hf_state()
 
     def _file(self, path: str) -> Path:
-        return Path(path) / f"megatron-tp{self.tp_rank}.pt"
+        stage = f"-pp{self.pp_rank}" if self.pp > 1 else ""
+        return Path(path) / f"megatron-tp{self.tp_rank}{stage}.pt"
 
     @collective
     def save(self, path: str) -> None:

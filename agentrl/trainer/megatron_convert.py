@@ -185,6 +185,44 @@ class _RankView:
         self.hidden_size = c.hidden_size
 
 
+def to_stage(state: dict[str, Tensor], c: Any, pp: int, stage: int) -> dict[str, Tensor]:
+    """Pipeline stage ``stage``'s part of one TP rank's weights (``hf_to_megatron``'s names): layers
+    ``[stage L/pp, (stage+1) L/pp)`` renumbered from 0, the embedding on the first stage, the final
+    norm and output layer on the last (with tied embeddings over several stages, the last stage's
+    ``output_layer.weight`` is a copy of the embedding)."""
+    per = c.num_hidden_layers // pp
+    tied = bool(getattr(c, "tie_word_embeddings", False))
+    out = {}
+    for key, value in state.items():
+        if key.startswith("decoder.layers."):
+            index, rest = key[len("decoder.layers.") :].split(".", 1)
+            if stage * per <= int(index) < (stage + 1) * per:
+                out[f"decoder.layers.{int(index) - stage * per}.{rest}"] = value
+        elif key.startswith("embedding."):
+            if stage == 0:
+                out[key] = value
+        elif stage == pp - 1:
+            out[key] = value
+    if tied and pp > 1 and stage == pp - 1:
+        out["output_layer.weight"] = state["embedding.word_embeddings.weight"]
+    return out
+
+
+def from_stages(stages: list[dict[str, Tensor]], c: Any) -> dict[str, Tensor]:
+    """One TP rank's weights from every pipeline stage's (``to_stage``'s inverse)."""
+    pp, per = len(stages), c.num_hidden_layers // len(stages)
+    tied = bool(getattr(c, "tie_word_embeddings", False))
+    out = {}
+    for stage, state in enumerate(stages):
+        for key, value in state.items():
+            if key.startswith("decoder.layers."):
+                index, rest = key[len("decoder.layers.") :].split(".", 1)
+                out[f"decoder.layers.{int(index) + stage * per}.{rest}"] = value
+            elif not (tied and pp > 1 and key == "output_layer.weight"):
+                out[key] = value
+    return out
+
+
 def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True):
     """A megatron-core ``GPTModel`` shaped like the HF config ``c`` (random weights; load them with
     ``hf_to_megatron``), for the model-parallel groups already initialised.
@@ -199,7 +237,10 @@ def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True):
     from megatron.core.transformer import TransformerConfig
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
     check_config(c, tp)
+    if c.num_hidden_layers % pp:
+        raise ValueError(f"trainer.megatron.pp={pp} must divide the model's {c.num_hidden_layers} layers")
     config = TransformerConfig(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
@@ -216,7 +257,8 @@ def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True):
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=dtype,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=cpu,
@@ -236,7 +278,10 @@ def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True):
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab(c.vocab_size, tp),
         max_sequence_length=c.max_position_embeddings,
-        share_embeddings_and_output_weights=bool(getattr(c, "tie_word_embeddings", False)),
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        # over several stages the tied copies are two parameters that the backend keeps equal
+        share_embeddings_and_output_weights=bool(getattr(c, "tie_word_embeddings", False)) and pp == 1,
         position_embedding_type="rope",
         rotary_base=rope_theta(c),
         parallel_output=True,

@@ -19,11 +19,6 @@ def init_parallel(tp: int, pp: int, dp: int, seed: int) -> None:
     """The process group (torchrun's, or one gloo process) and Megatron's model-parallel groups."""
     from megatron.core import parallel_state as ps
 
-    if pp != 1:
-        raise ValueError(
-            f"trainer.megatron.pp={pp}: pipeline parallelism is not implemented by this backend yet; "
-            "set trainer.megatron.pp=1 (use tp and dp)"
-        )
     if not dist.is_initialized():
         if "WORLD_SIZE" in os.environ:
             if torch.cuda.is_available():  # one GPU per process, torchrun's local rank

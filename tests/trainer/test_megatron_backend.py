@@ -69,15 +69,21 @@ def ppo_batch(seed: int = 0) -> Batch:
     return batch
 
 
-def _head(backend) -> torch.nn.Linear:
-    return backend.critic.head if isinstance(backend, TorchBackend) else backend.critic.output_layer.linear
+def _head(backend) -> torch.nn.Linear | None:
+    """The value head (None on a pipeline stage before the last)."""
+    if isinstance(backend, TorchBackend):
+        return backend.critic.head
+    layer = getattr(backend.critic, "output_layer", None)
+    return None if layer is None else layer.linear
 
 
 def run_step(backend, batch: Batch) -> dict[str, object]:
     """Log-probs and values before, one critic and one actor update, the policy's HF weights after."""
-    with torch.no_grad():  # a value head that is not all zeros, the same in every backend
-        _head(backend).weight.copy_(torch.linspace(-0.5, 0.5, _head(backend).weight.numel()).view(1, -1))
-        _head(backend).bias.fill_(0.25)
+    head = _head(backend)
+    if head is not None:
+        with torch.no_grad():  # a value head that is not all zeros, the same in every backend
+            head.weight.copy_(torch.linspace(-0.5, 0.5, head.weight.numel()).view(1, -1))
+            head.bias.fill_(0.25)
     batch = copy.copy(batch)
     out: dict[str, object] = {"logprobs": backend.logprobs(batch), "values": backend.values(batch)}
     batch.old_logprobs = out["logprobs"] + 0.05 * batch.loss_mask  # ratios away from 1: clipping acts
@@ -138,7 +144,7 @@ def test_bad_sizes_stop_with_the_values_named():
     model = tiny_hf("qwen2")
     with pytest.raises(ValueError, match=r"tp=1 \* pp=1 \* dp=2 = 2 ranks, but 1 processes"):
         MegatronBackend(model, dp=2)
-    with pytest.raises(ValueError, match=r"trainer.megatron.pp=2"):
+    with pytest.raises(ValueError, match=r"tp=1 \* pp=2 \* dp=1 = 2 ranks, but 1 processes"):
         MegatronBackend(model, pp=2)
 
 
@@ -149,8 +155,8 @@ def _worker(rank: int, world: int, store_path: str, cases: list, out_path: str) 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     torch.set_num_threads(1)
     got = [
-        run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, dp=dp), ppo_batch())
-        for kind, tp, dp in cases
+        run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, pp=pp, dp=dp), ppo_batch())
+        for kind, tp, pp, dp in cases
     ]
     if rank == 0:
         torch.save(got, out_path)
@@ -158,18 +164,25 @@ def _worker(rank: int, world: int, store_path: str, cases: list, out_path: str) 
     dist.destroy_process_group()
 
 
-def test_tp2_and_dp2_match_one_process(tmp_path):
+def test_tp2_pp2_and_dp2_match_one_process(tmp_path):
     """Two gloo processes (tensor-parallel: Llama with its padded vocabulary, Qwen2 with its split
-    q/k/v biases; then data-parallel) give the log-probs, values, losses, gradient norms and
-    updated weights of one process on the same global batch."""
+    q/k/v biases; pipeline-parallel: Llama, and Qwen2 with its embedding tied across the stages;
+    data-parallel) give the log-probs, values, losses, gradient norms and updated weights of one
+    process on the same global batch."""
     import torch.multiprocessing as mp
 
-    cases = [("llama", 2, 1), ("qwen2", 2, 1), ("qwen2", 1, 2)]
+    cases = [
+        ("llama", 2, 1, 1),
+        ("qwen2", 2, 1, 1),
+        ("llama", 1, 2, 1),
+        ("qwen2", 1, 2, 1),
+        ("qwen2", 1, 1, 2),
+    ]
     out = tmp_path / "out.pt"
     mp.spawn(_worker, args=(2, str(tmp_path / "store"), cases, str(out)), nprocs=2, join=True)
-    for (kind, tp, dp), got in zip(cases, torch.load(out, weights_only=False), strict=True):
+    for (kind, tp, pp, dp), got in zip(cases, torch.load(out, weights_only=False), strict=True):
         want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
-        case = f"{kind} tp={tp} dp={dp}"
+        case = f"{kind} tp={tp} pp={pp} dp={dp}"
         torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0, msg=case)
         torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0, msg=case)
         for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):

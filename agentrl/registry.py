@@ -48,4 +48,10 @@ ENGINES = Registry(
     "engine.kind",
     {"local": "agentrl.rollout.local:from_config", "sglang": "agentrl.rollout.sglang:from_config"},
 )
-BACKENDS = Registry("trainer.backend", {"torch": "agentrl.trainer.torch_backend:from_config"})
+BACKENDS = Registry(
+    "trainer.backend",
+    {
+        "torch": "agentrl.trainer.torch_backend:from_config",
+        "megatron": "agentrl.trainer.megatron_backend:from_config",
+    },
+)

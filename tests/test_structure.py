@@ -34,7 +34,10 @@ def test_every_config_field_has_a_description():
     [
         ("engine.kind=sglang_x", "unknown engine.kind 'sglang_x'"),
         ("engine.kind=locall", "Did you mean 'local'? Registered: local"),
-        ("trainer.backend=torhc", "unknown trainer.backend 'torhc'. Did you mean 'torch'? Registered: torch"),
+        (
+            "trainer.backend=torhc",
+            "unknown trainer.backend 'torhc'. Did you mean 'torch'? Registered: megatron, torch",
+        ),
     ],
 )
 def test_unknown_component_names_the_closest_registered_one(override, message):
@@ -48,7 +51,7 @@ def test_a_registered_component_is_built_by_name():
     assert registry.names() == ["mine"] and registry.factory("mine")(1, None) == ("built", 1)
     with pytest.raises(ValueError, match="must look like 'package.module:function'"):
         registry.register("bad", "no_colon")
-    assert ENGINES.names() == ["local", "sglang"] and BACKENDS.names() == ["torch"]
+    assert ENGINES.names() == ["local", "sglang"] and BACKENDS.names() == ["megatron", "torch"]
 
 
 def make_component(policy, cfg):

@@ -95,6 +95,11 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     policy, tokenizer = load_policy(cfg, probe)
     backend = BACKENDS.factory(cfg.trainer.backend)(policy, cfg)
+    if getattr(backend, "driven", False) and backend.rank != 0:
+        # torchrun's other ranks build the backend only, run their share of each call rank 0 makes
+        # to it, and end with rank 0's run
+        backend.follow()
+        raise SystemExit(0)
     # The inference engine holds its own copy of the weights, synced after every update.
     engine = ENGINES.factory(cfg.engine.kind)(policy, cfg)
     store = TrajectoryStore(run_dir / "trajectories")

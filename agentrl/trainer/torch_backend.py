@@ -84,6 +84,20 @@ def pack(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def lr_schedule(opt, warmup: int, kind: str, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warmup`` steps, then constant or cosine to 0 at ``total`` steps."""
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
 def _padded_inputs(batch: Batch, rows: list[int], device) -> dict[str, Tensor]:
     """Rows padded on the right to the group's longest, with no padding mask: under causal attention
     a real token attends only to the tokens before it, all real, so its hidden state is the one a
@@ -237,15 +251,7 @@ class TorchBackend:
 
     @staticmethod
     def _schedule(opt, warmup: int, kind: str, total: int):
-        def factor(step: int) -> float:
-            if warmup and step < warmup:
-                return (step + 1) / warmup
-            if kind == "cosine":
-                progress = min(1.0, (step - warmup) / max(1, total - warmup))
-                return 0.5 * (1 + math.cos(math.pi * progress))
-            return 1.0
-
-        return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return lr_schedule(opt, warmup, kind, total)
 
     def _ctx(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)

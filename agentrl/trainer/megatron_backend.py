@@ -1,0 +1,606 @@
+"""The Megatron training backend: megatron-core ``GPTModel`` policy and value model, tensor and data
+parallel, numerically the PyTorch backend's twin.
+
+- The policy is a ``GPTModel`` built from the HF Llama / Qwen2 config, its weights converted from
+  the HF model (``megatron_convert``). Its ``output_layer`` hands back the final-normed hidden
+  states; log-probs come from them and this rank's vocabulary rows of the output projection
+  (``megatron_logprobs``), so the ``[tokens, vocab]`` logits are never gathered nor held whole.
+- The value model is the same ``GPTModel`` with ``output_layer`` replaced by a ``Linear(hidden, 1)``
+  replicated on every tensor-parallel rank (final norm kept); V(state before token t) is read from
+  the hidden state at t-1, as in the PyTorch backend. Zero-initialised, as there.
+- Rows are packed into one sequence per micro-batch under ``micro_token_budget`` tokens, each row
+  attending only to itself through an explicit block-diagonal causal mask (the CPU reference path;
+  RoPE at the packed positions: within one row every query-key offset is the row's own, so scores
+  are those of the row alone).
+- Updates: gradient accumulation with each micro-batch's share of the minibatch's trainable
+  tokens (as the PyTorch backend), data-parallel ranks each take every ``dp``-th row of a
+  minibatch and sum their gradients, the gradient norm counts tensor-parallel shards once,
+  torch AdamW and the PyTorch backend's schedule. The losses are ``agentrl.algo``'s.
+- Processes: under ``torchrun`` the world is ``tp * pp * dp`` ranks; alone, one gloo process.
+  Rank 0 runs the trainer (rollouts, engine, loop) and drives: each backend call it makes is sent
+  to the other ranks first (method and arguments, the batch included), which run nothing but
+  ``follow()``, so every rank executes the same call on the same batch.
+  Checkpoints: one file per tensor-parallel rank (written by data-parallel rank 0).
+- Precision: fp32 weights and optimizer; ``dtype="bfloat16"`` runs the forward passes under bf16
+  autocast (CUDA only), as the PyTorch backend does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from agentrl.algo import kl_penalty, policy_loss, value_loss
+from agentrl.trainer.backend import Batch, LossConfig
+from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megatron, megatron_to_hf, to_stage
+from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
+from agentrl.trainer.megatron_parallel import collective, init_parallel
+from agentrl.trainer.torch_backend import _mean, lr_schedule, pack
+
+
+class HiddenOut(nn.Module):
+    """The policy's ``output_layer``: the same weight (and name), but the forward returns the hidden
+    states it is given, for ``vocab_parallel_logprobs`` to project chunk by chunk."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.weight = layer.weight  # None with tied embeddings
+
+    def forward(self, x: Tensor, weight: Tensor | None = None, runtime_gather_output=None):
+        return x, None
+
+
+class ValueHead(nn.Module):
+    """``Linear(hidden, 1)`` in the ``output_layer`` slot, with its call signature; the same on every
+    tensor-parallel rank (its input, the final norm's output, is replicated)."""
+
+    def __init__(self, hidden: int, sequence_parallel: bool = False):
+        super().__init__()
+        self.linear = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        for p in self.linear.parameters():
+            # under sequence parallelism Megatron all-reduces these grads so the copies stay equal
+            p.sequence_parallel = sequence_parallel
+
+    def forward(self, x: Tensor, weight: Tensor | None = None, runtime_gather_output=None):
+        return self.linear(x), None
+
+
+def _is_sharded(p: Tensor) -> bool:
+    return bool(getattr(p, "tensor_model_parallel", False))
+
+
+class MegatronBackend:
+    def __init__(
+        self,
+        policy: nn.Module,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        dp: int = 1,
+        actor_lr: float = 1e-4,
+        critic_lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        warmup_steps: int = 0,
+        schedule: str = "constant",
+        total_steps: int = 1000,
+        grad_clip: float = 1.0,
+        epochs: int = 1,
+        critic_epochs: int | None = None,
+        minibatches: int = 1,
+        micro_token_budget: int = 8192,
+        logprob_chunk: int = 1024,
+        dtype: str = "float32",
+        reference: bool = False,
+        critic: bool = True,
+        seed: int = 0,
+        driven: bool = False,
+    ):
+        """``driven``: rank 0 alone calls the backend and the other ranks ``follow()`` (the trainer);
+        otherwise every rank makes every call itself (a script run by torchrun on all ranks)."""
+        from megatron.core import parallel_state as ps
+
+        init_parallel(tp, pp, dp, seed)
+        self.world, self.rank, self._busy = dist.get_world_size(), dist.get_rank(), False
+        self.driven = driven and self.world > 1
+        self.hf_config = policy.config
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.dp_group = ps.get_data_parallel_group()
+        self.tp_rank, self.dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
+        self.dp, self.pp = dp, pp
+        self.pp_group, self.pp_rank = (
+            ps.get_pipeline_model_parallel_group(),
+            ps.get_pipeline_model_parallel_rank(),
+        )
+        self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        if pp > 1:
+            self.prev_rank = ps.get_pipeline_model_parallel_prev_rank()
+            self.next_rank = ps.get_pipeline_model_parallel_next_rank()
+            self.last_rank = ps.get_pipeline_model_parallel_last_rank()
+        # tied embeddings over several stages: the first stage's embedding and the last stage's copy
+        # get the sum of both gradients (so they stay equal); the copy is left out of the norm
+        self.tied_stages = pp > 1 and bool(getattr(policy.config, "tie_word_embeddings", False))
+        self._tied: set[int] = set()
+        self._copies: set[int] = set()
+        if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and self.device.type != "cuda"):
+            raise ValueError(
+                f"model.dtype={dtype!r}: the Megatron backend runs float32, or bfloat16 autocast on CUDA; "
+                "set model.dtype=float32 on CPU"
+            )
+        self.autocast = dtype == "bfloat16"
+        hf_state = {k: v.detach().float().cpu() for k, v in policy.state_dict().items()}
+        self.policy = self._gpt(hf_state, value=False)
+        self.critic = self._gpt(hf_state, value=True) if critic else None
+        self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if reference else None
+        self.epochs, self.minibatches = epochs, minibatches
+        self.critic_epochs = critic_epochs or epochs
+        self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
+        self.generator = torch.Generator().manual_seed(seed)
+        self.actor_opt = torch.optim.AdamW(
+            self.policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
+        )
+        self.actor_sched = lr_schedule(self.actor_opt, warmup_steps, schedule, total_steps)
+        critic_total = max(1, total_steps * self.critic_epochs // epochs)
+        self._critic_args = (critic_lr, weight_decay, adam_eps, warmup_steps, schedule, critic_total)
+        if self.critic is not None:
+            self._critic_optimizer()
+        if self.driven and self.rank == 0:
+            atexit.register(self._release_followers)
+
+    # -- processes --
+    def follow(self) -> None:
+        """Ranks other than 0: run each call rank 0 makes, until rank 0's process ends."""
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0)
+            name, args, kwargs = box[0]
+            if name == "stop":
+                return
+            getattr(self, name)(*args, **kwargs)
+
+    def _release_followers(self) -> None:
+        if dist.is_initialized():
+            dist.broadcast_object_list([("stop", (), {})], src=0)
+
+    # -- models --
+    def _gpt(self, hf_state: dict[str, Tensor], *, value: bool) -> nn.Module:
+        tp = dist.get_world_size(self.tp_group)
+        model = build_gpt(self.hf_config, cpu=self.device.type == "cpu")
+        state = hf_to_megatron(hf_state, self.hf_config, tp, self.tp_rank)
+        missing, unexpected = model.load_state_dict(
+            to_stage(state, self.hf_config, self.pp, self.pp_rank), strict=False
+        )
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise RuntimeError(f"HF -> Megatron left weights unset {missing} or unused {unexpected}")
+        if value and model.post_process:
+            model.output_layer = ValueHead(self.hf_config.hidden_size, model.config.sequence_parallel)
+        elif model.post_process:
+            model.output_layer = HiddenOut(model.output_layer)
+        model = model.to(self.device).train()
+        if self.tied_stages and not value:
+            if model.pre_process:
+                self._tied.add(id(model.embedding.word_embeddings.weight))
+            if model.post_process:
+                self._tied.add(id(model.output_layer.weight))
+                self._copies.add(id(model.output_layer.weight))
+        return model
+
+    def _critic_optimizer(self) -> None:
+        lr, weight_decay, eps, warmup_steps, schedule, total_steps = self._critic_args
+        self.critic_opt = torch.optim.AdamW(
+            self.critic.parameters(), lr=lr, weight_decay=weight_decay, eps=eps
+        )
+        self.critic_sched = lr_schedule(self.critic_opt, warmup_steps, schedule, total_steps)
+
+    def _policy_hf_state(self) -> dict[str, Tensor]:
+        return megatron_to_hf(self._gather_shards(self.policy), self.hf_config)
+
+    @collective
+    def reset_critic(self) -> None:
+        """A fresh value model (and optimizer) from the policy as it is now (after a warm start)."""
+        if self.critic is not None:
+            self.critic = self._gpt(self._policy_hf_state(), value=True)
+            self._critic_optimizer()
+
+    @collective
+    def reset_reference(self) -> None:
+        if self.reference is not None:
+            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+
+    # -- forward passes over packed rows --
+    def _hidden(self, model: nn.Module, batch: Batch, rows: list[int]) -> Tensor:
+        """The model's output at the first ``length - 1`` tokens of each row, concatenated:
+        ``[sum(len - 1), H]`` (policy: hidden states; value model: ``[.., 1]``)."""
+        ids, positions, segments, src = [], [], [], []
+        start = 0
+        for k, r in enumerate(rows):
+            n = int(batch.lengths[r])
+            ids.append(batch.input_ids[r, :n])
+            positions.append(torch.arange(n))
+            segments.append(torch.full((n,), k))
+            src.append(torch.arange(start, start + n - 1))
+            start += n
+        seg = torch.cat(segments)
+        causal = torch.tril(torch.ones(start, start, dtype=torch.bool))
+        masked = ~(causal & (seg[:, None] == seg[None, :]))  # Megatron: True = may not attend
+        if not self.first:  # the previous stage's output, [S, 1, H]
+            x = torch.empty((start, 1, self.hf_config.hidden_size), device=self.device)
+            dist.recv(x, src=self.prev_rank)
+            self._stage_input = x.requires_grad_(torch.is_grad_enabled())
+            model.set_input_tensor(x)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            out = model(
+                torch.cat(ids)[None].to(self.device),
+                torch.cat(positions)[None].to(self.device),
+                masked[None, None].to(self.device),
+            )
+        if not self.last:  # on to the next stage; the gradient comes back in _step
+            dist.send(out.detach().float().contiguous(), dst=self.next_rank)
+            self._stage_output = out
+            return None
+        return out[0][torch.cat(src).to(self.device)]
+
+    def _scatter(self, flat: Tensor, batch: Batch, rows: list[int]) -> Tensor:
+        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=flat.device, dtype=flat.dtype)
+        at = 0
+        for k, r in enumerate(rows):
+            n = int(batch.lengths[r])
+            out[k, 1:n] = flat[at : at + n - 1]
+            at += n - 1
+        return out
+
+    def _output_weight(self, model: nn.Module) -> Tensor:
+        if model.share_embeddings_and_output_weights:
+            return model.embedding.word_embeddings.weight
+        return model.output_layer.weight
+
+    def _row_logprobs(self, model, batch: Batch, rows: list[int], temperature: float, entropy: bool = False):
+        hidden = self._hidden(model, batch, rows)
+        if hidden is None:  # not the last pipeline stage
+            return None
+        targets = torch.cat([batch.input_ids[r, 1 : int(batch.lengths[r])] for r in rows]).to(self.device)
+        out = vocab_parallel_logprobs(
+            hidden.float(),
+            self._output_weight(model),
+            targets,
+            vocab_size=self.hf_config.vocab_size,
+            temperature=temperature,
+            chunk=self.chunk,
+            group=self.tp_group,
+            entropy=entropy,
+        )
+        if entropy:
+            return self._scatter(out[0], batch, rows), self._scatter(out[1], batch, rows)
+        return self._scatter(out, batch, rows)
+
+    def _row_values(self, batch: Batch, rows: list[int]) -> Tensor | None:
+        hidden = self._hidden(self.critic, batch, rows)
+        return None if hidden is None else self._scatter(hidden.squeeze(-1).float(), batch, rows)
+
+    @torch.no_grad()
+    def _all(self, fn, batch: Batch) -> Tensor:
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for rows in pack(batch.lengths.tolist(), list(range(batch.size)), self.budget):
+            got = fn(rows)
+            if got is not None:
+                out[rows] = got.cpu()
+        if self.pp > 1:  # the last stage computed them
+            dist.broadcast(out, src=self.last_rank, group=self.pp_group)
+        return out
+
+    @collective
+    def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
+        return self._all(lambda rows: self._row_logprobs(self.policy, batch, rows, temperature), batch)
+
+    @collective
+    def ref_logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
+        if self.reference is None:
+            raise RuntimeError(
+                "this backend was built without a reference model (reference=True for a KL term)"
+            )
+        return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
+
+    @collective
+    def values(self, batch: Batch) -> Tensor:
+        return self._all(lambda rows: self._row_values(batch, rows), batch)
+
+    # -- updates --
+    def _minibatches(self, batch: Batch, minibatches: int) -> list[list[int]]:
+        order = torch.randperm(batch.size, generator=self.generator).tolist()
+        n = max(1, min(minibatches, batch.size))
+        return [order[i::n] for i in range(n)]
+
+    def _grad_norm_and_clip(self, params: list[Tensor]) -> float:
+        """The global gradient norm (tensor-parallel shards summed over the group, replicated weights
+        counted once), then every gradient scaled as ``torch.nn.utils.clip_grad_norm_`` does."""
+        square = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in params:
+            if p.grad is not None and (_is_sharded(p) or self.tp_rank == 0) and id(p) not in self._copies:
+                square += p.grad.double().pow(2).sum()
+        if dist.get_world_size(self.tp_group) > 1:
+            dist.all_reduce(square, group=self.tp_group)
+        if self.pp > 1:
+            dist.all_reduce(square, group=self.pp_group)
+        norm = float(square.sqrt())
+        coef = min(1.0, self.grad_clip / (norm + 1e-6))
+        if coef < 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return norm
+
+    def _step(self, opt, sched, batch: Batch, loss_fn, share_fn, epochs: int, minibatches: int):
+        history = []
+        lengths = batch.lengths.tolist()
+        trainable = batch.loss_mask.any(1).tolist()
+        params = [p for group in opt.param_groups for p in group["params"]]
+        for _ in range(epochs):
+            for rows in self._minibatches(batch, minibatches):
+                opt.zero_grad(set_to_none=True)
+                total = share_fn(rows)
+                if total == 0:
+                    continue
+                live = [r for r in rows if trainable[r]]
+                mine = live[self.dp_rank :: self.dp]  # this data-parallel rank's rows
+                metrics: dict[str, float] = {}
+                for micro in pack(lengths, mine, self.budget):
+                    share = share_fn(micro) / total
+                    result = loss_fn(micro)
+                    if result is not None:  # the last pipeline stage: the loss
+                        loss, m = result
+                        (loss * share).backward()
+                        for k, v in m.items():
+                            metrics[k] = metrics.get(k, 0.0) + v * share
+                    else:  # an earlier stage: the next stage's gradient of this one's output
+                        grad = torch.empty(self._stage_output.shape, device=self.device)
+                        dist.recv(grad, src=self.next_rank)
+                        self._stage_output.backward(grad.to(self._stage_output.dtype))
+                    if not self.first:
+                        dist.send(self._stage_input.grad.float().contiguous(), dst=self.prev_rank)
+                if self.dp > 1:
+                    self._dp_sum(params, metrics)
+                if self.pp > 1:
+                    metrics = self._pipeline_sync(params, metrics)
+                metrics["grad_norm"] = self._grad_norm_and_clip(params)
+                opt.step()
+                sched.step()
+                history.append(metrics)
+        return history
+
+    def _pipeline_sync(self, params: list[Tensor], metrics: dict[str, float]) -> dict[str, float]:
+        """Tied embedding copies get their summed gradient; every stage gets the last one's metrics."""
+        from megatron.core import parallel_state as ps
+
+        tied = [p for p in params if id(p) in self._tied]
+        if tied and ps.is_rank_in_embedding_group():
+            for p in tied:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=ps.get_embedding_group())
+        box = [metrics]
+        dist.broadcast_object_list(box, src=self.last_rank, group=self.pp_group)
+        return box[0]
+
+    def _dp_sum(self, params: list[Tensor], metrics: dict[str, float]) -> None:
+        """Sum gradients and weighted metrics over data-parallel ranks (each holds its rows' shares)."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=self.dp_group)
+        gathered: list[dict[str, float]] = [{} for _ in range(self.dp)]
+        dist.all_gather_object(gathered, metrics, group=self.dp_group)
+        for k in sorted({k for g in gathered for k in g}):
+            metrics[k] = sum(g.get(k, 0.0) for g in gathered)
+
+    def _share(self, batch: Batch, agg: str):
+        if agg == "token-mean":
+            return lambda rows: int(batch.loss_mask[rows].sum())
+        return lambda rows: int((batch.loss_mask[rows].sum(1) > 0).sum())
+
+    @collective
+    def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
+        device = self.device
+
+        def loss_fn(micro: list[int]):
+            out = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
+            if out is None:  # not the last pipeline stage
+                return None
+            logp, entropy = out
+            sub = batch.rows(micro)
+            mask = sub.loss_mask.to(device)
+            value, metrics = policy_loss(
+                logp,
+                sub.old_logprobs.to(device),
+                sub.advantages.to(device),
+                mask,
+                loss.kind,
+                clip_low=loss.clip_low,
+                clip_high=loss.clip_high,
+                dual_clip=loss.dual_clip,
+                token_weights=None if sub.token_weights is None else sub.token_weights.to(device),
+                agg=loss.agg,
+            )
+            if loss.kl_coef > 0:
+                kl, kl_metrics = kl_penalty(logp, sub.ref_logprobs.to(device), mask)
+                value = value + loss.kl_coef * kl.sum() / mask.sum().clamp(min=1)
+                metrics.update(kl_metrics)
+            metrics["policy_loss"] = float(value.detach())
+            metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+            return value, metrics
+
+        agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
+        history = self._step(
+            self.actor_opt,
+            self.actor_sched,
+            batch,
+            loss_fn,
+            self._share(batch, agg),
+            self.epochs,
+            self.minibatches,
+        )
+        return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
+
+    @collective
+    def train_critic(
+        self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
+    ) -> dict[str, float]:
+        device = self.device
+
+        def loss_fn(micro: list[int]):
+            v = self._row_values(batch, micro)
+            if v is None:
+                return None
+            sub = batch.rows(micro)
+            value, metrics = value_loss(
+                v,
+                sub.old_values.to(device),
+                sub.returns.to(device),
+                sub.loss_mask.to(device),
+                clip=loss.value_clip,
+            )
+            metrics["value_loss"] = float(value.detach())
+            return value, metrics
+
+        history = self._step(
+            self.critic_opt,
+            self.critic_sched,
+            batch,
+            loss_fn,
+            self._share(batch, "token-mean"),
+            self.critic_epochs if epochs is None else epochs,
+            self.minibatches if minibatches is None else minibatches,
+        )
+        return _mean(history, prefix="critic/")
+
+    @collective
+    def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
+        opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
+        sched = lr_schedule(opt, 0, "constant", 1)
+        losses = []
+
+        def loss_fn(micro: list[int]):
+            logp = self._row_logprobs(self.policy, batch, micro, 1.0)
+            if logp is None:
+                return None
+            mask = batch.loss_mask[micro].to(self.device)
+            value = -(logp * mask).sum() / mask.sum().clamp(min=1)
+            return value, {"sft_loss": float(value.detach())}
+
+        steps = max(1, batch.size // batch_size)
+        for _ in range(epochs):
+            history = self._step(opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1, steps)
+            losses.append(_mean(history)["sft_loss"])
+        return losses
+
+    # -- weights and checkpoints --
+    def _gather_shards(self, model: nn.Module) -> list[dict[str, Tensor]]:
+        """Every tensor-parallel rank's weights of ``model`` (on CPU), in rank order."""
+        local = {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+        if self.pp > 1:
+            stages: list[Any] = [None] * self.pp
+            dist.all_gather_object(stages, local, group=self.pp_group)
+            local = from_stages(stages, self.hf_config)
+        tp = dist.get_world_size(self.tp_group)
+        if tp == 1:
+            return [local]
+        shards: list[Any] = [None] * tp
+        dist.all_gather_object(shards, local, group=self.tp_group)
+        return shards
+
+    @collective
+    def engine_state_dict(self) -> dict[str, Any]:
+        """The policy's weights under the HF model's names (the engine's and ``save_pretrained``'s)."""
+        return self._policy_hf_state()
+
+    def _file(self, path: str) -> Path:
+        stage = f"-pp{self.pp_rank}" if self.pp > 1 else ""
+        return Path(path) / f"megatron-tp{self.tp_rank}{stage}.pt"
+
+    @collective
+    def save(self, path: str) -> None:
+        if self.dp_rank == 0:
+            self._save(path)
+        if self.world > 1:
+            dist.barrier()  # every file is written before rank 0 completes the checkpoint
+
+    def _save(self, path: str) -> None:
+        state = {
+            "policy": self.policy.state_dict(),
+            "actor_opt": self.actor_opt.state_dict(),
+            "actor_sched": self.actor_sched.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+        if self.critic is not None:
+            state |= {
+                "critic": self.critic.state_dict(),
+                "critic_opt": self.critic_opt.state_dict(),
+                "critic_sched": self.critic_sched.state_dict(),
+            }
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        torch.save(state, self._file(path))
+
+    @collective
+    def load(self, path: str) -> None:
+        file = self._file(path)
+        if not file.exists():
+            raise FileNotFoundError(
+                f"{file} is missing: this checkpoint was not written by the Megatron backend at "
+                f"tensor-parallel size {dist.get_world_size(self.tp_group)}; resume with the same trainer settings"
+            )
+        state = torch.load(file, map_location=self.device, weights_only=False)
+        self.policy.load_state_dict(state["policy"])
+        self.actor_opt.load_state_dict(state["actor_opt"])
+        self.actor_sched.load_state_dict(state["actor_sched"])
+        self.generator.set_state(state["generator"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_opt"])
+            self.critic_sched.load_state_dict(state["critic_sched"])
+        if self.reference is not None and "reference" in state:
+            self.reference.load_state_dict(state["reference"])
+
+
+def from_config(policy: nn.Module, cfg) -> MegatronBackend:
+    """``trainer.backend: megatron``: sizes from ``trainer.megatron``, the rest as the PyTorch backend
+    (``optim``, ``algo.kl_coef``); fp32 on CPU."""
+    from agentrl.device import resolve_dtype
+
+    o, m = cfg.optim, cfg.trainer.megatron
+    return MegatronBackend(
+        policy,
+        tp=m.tp,
+        pp=m.pp,
+        dp=m.dp,
+        actor_lr=o.actor_lr,
+        critic_lr=o.critic_lr,
+        weight_decay=o.weight_decay,
+        adam_eps=o.adam_eps,
+        warmup_steps=o.warmup_steps,
+        schedule=o.schedule,
+        total_steps=cfg.run.iterations * o.epochs * o.minibatches,
+        grad_clip=o.grad_clip,
+        epochs=o.epochs,
+        critic_epochs=o.critic_epochs,
+        minibatches=o.minibatches,
+        micro_token_budget=o.micro_token_budget,
+        logprob_chunk=o.logprob_chunk,
+        dtype=resolve_dtype(cfg.model.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        reference=cfg.algo.kl_coef > 0,
+        seed=cfg.run.seed,
+        driven=True,
+    )

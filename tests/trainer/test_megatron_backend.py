@@ -1,0 +1,293 @@
+"""The Megatron backend against the PyTorch backend on the same HF weights (fp32, CPU, TP=1), and at
+TP=2 and DP=2 (two gloo processes) against TP=1; HF <-> Megatron conversion bit-exact."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from agentrl.trainer.backend import Batch, LossConfig, TrainBackend
+from agentrl.trainer.megatron_backend import MegatronBackend
+from agentrl.trainer.megatron_convert import hf_to_megatron, megatron_to_hf
+from agentrl.trainer.torch_backend import TorchBackend
+from agentrl.trajectory import Trajectory, TurnSpan
+
+VOCAB = 97  # odd: at tp=2 the vocabulary is padded by one row that must never count
+
+
+def tiny_hf(kind: str, seed: int = 0):
+    """A random 2-layer model: ``llama`` (untied lm_head, no biases, rope_theta 500000) or ``qwen2``
+    (tied embeddings, q/k/v biases). 4 query heads over 2 key/value groups (GQA)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+    )
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False, rope_theta=500000.0))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True, rope_theta=10000.0))
+    with torch.no_grad():  # RMSNorm weights of ones and zero biases would hide a misplaced tensor
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.float().train()
+
+
+def ppo_batch(seed: int = 0) -> Batch:
+    """Three rows (24, 15, 31 tokens) with prompt / assistant / tool / assistant spans, advantages,
+    returns, old values and IcePop weights (one token dropped per row)."""
+    g = torch.Generator().manual_seed(seed)
+    trajectories = []
+    for n in (24, 15, 31):
+        ids = torch.randint(0, VOCAB, (n,), generator=g).tolist()
+        mask = [0] * 4 + [1] * 6 + [0] * 3 + [1] * (n - 13)
+        turns = [TurnSpan(0, 4, "prompt"), TurnSpan(4, 10, "assistant"), TurnSpan(10, 13, "tool")]
+        turns.append(TurnSpan(13, n, "assistant"))
+        logps = [(-4.0 if m else 0.0) for m in mask]
+        trajectories.append(Trajectory(ids, mask, logps, turns, reward=float(n % 2)))
+    batch = Batch.from_trajectories(trajectories)
+    shape = batch.input_ids.shape
+    batch.advantages = torch.randn(shape, generator=g) * batch.loss_mask
+    batch.returns = torch.randn(shape, generator=g) * batch.loss_mask
+    batch.old_values = torch.randn(shape, generator=g) * 0.1 * batch.loss_mask
+    weights = batch.loss_mask.float()
+    weights[:, 5] = 0.0
+    batch.token_weights = weights
+    return batch
+
+
+def _head(backend) -> torch.nn.Linear | None:
+    """The value head (None on a pipeline stage before the last)."""
+    if isinstance(backend, TorchBackend):
+        return backend.critic.head
+    layer = getattr(backend.critic, "output_layer", None)
+    return None if layer is None else layer.linear
+
+
+def run_step(backend, batch: Batch) -> dict[str, object]:
+    """Log-probs and values before, one critic and one actor update, the policy's HF weights after."""
+    head = _head(backend)
+    if head is not None:
+        with torch.no_grad():  # a value head that is not all zeros, the same in every backend
+            head.weight.copy_(torch.linspace(-0.5, 0.5, head.weight.numel()).view(1, -1))
+            head.bias.fill_(0.25)
+    batch = copy.copy(batch)
+    out: dict[str, object] = {"logprobs": backend.logprobs(batch), "values": backend.values(batch)}
+    batch.old_logprobs = out["logprobs"] + 0.05 * batch.loss_mask  # ratios away from 1: clipping acts
+    out |= backend.train_critic(batch, LossConfig())
+    out |= backend.train_actor(batch, LossConfig())
+    out["weights"] = backend.engine_state_dict()
+    return out
+
+
+def _backend(kind: str, model, **kw):
+    args = dict(actor_lr=1e-2, critic_lr=1e-2, micro_token_budget=40, grad_clip=0.5, weight_decay=0.01)
+    return kind(model, **args, **kw)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_hf_megatron_hf_is_bit_exact_at_every_tp(kind):
+    model = tiny_hf(kind)
+    hf = model.state_dict()
+    for tp in (1, 2):
+        shards = [hf_to_megatron(hf, model.config, tp, r) for r in range(tp)]
+        back = megatron_to_hf(shards, model.config)
+        assert set(back) == set(hf)
+        assert all(torch.equal(back[k], hf[k]) for k in hf), kind
+    # a TP shard holds whole key/value groups: rank 1's first query rows are HF's query head 2
+    d = 8
+    rank1 = hf_to_megatron(hf, model.config, 2, 1)["decoder.layers.0.self_attention.linear_qkv.weight"]
+    assert torch.equal(rank1[: 2 * d], hf["model.layers.0.self_attn.q_proj.weight"][2 * d : 4 * d])
+    assert torch.equal(rank1[2 * d : 3 * d], hf["model.layers.0.self_attn.k_proj.weight"][d : 2 * d])
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_megatron_matches_the_torch_backend_through_one_ppo_step(kind):
+    model = tiny_hf(kind)
+    batch = ppo_batch()
+    want = run_step(_backend(TorchBackend, copy.deepcopy(model)), batch)
+    megatron = _backend(MegatronBackend, copy.deepcopy(model))
+    assert isinstance(megatron, TrainBackend)
+    got = run_step(megatron, batch)
+    torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0)
+    for key in (
+        "critic/value_loss",
+        "critic/grad_norm",
+        "actor/policy_loss",
+        "actor/grad_norm",
+        "actor/entropy",
+    ):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert want["actor/grad_norm"] > 0.5  # the clip acted: the clipped step is compared too
+    moved = 0.0
+    for name, w in want["weights"].items():
+        torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=name)
+        moved = max(moved, float((w - model.state_dict()[name]).abs().max()))
+    assert moved > 1e-3  # the step changed the weights by far more than the tolerance
+
+
+def test_bad_sizes_stop_with_the_values_named():
+    model = tiny_hf("qwen2")
+    with pytest.raises(ValueError, match=r"tp=1 \* pp=1 \* dp=2 = 2 ranks, but 1 processes"):
+        MegatronBackend(model, dp=2)
+    with pytest.raises(ValueError, match=r"tp=1 \* pp=2 \* dp=1 = 2 ranks, but 1 processes"):
+        MegatronBackend(model, pp=2)
+
+
+def _worker(rank: int, world: int, store_path: str, cases: list, out_path: str) -> None:
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    got = [
+        run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, pp=pp, dp=dp), ppo_batch())
+        for kind, tp, pp, dp in cases
+    ]
+    if rank == 0:
+        torch.save(got, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_tp2_pp2_and_dp2_match_one_process(tmp_path):
+    """Two gloo processes (tensor-parallel: Llama with its padded vocabulary, Qwen2 with its split
+    q/k/v biases; pipeline-parallel: Llama, and Qwen2 with its embedding tied across the stages;
+    data-parallel) give the log-probs, values, losses, gradient norms and updated weights of one
+    process on the same global batch."""
+    import torch.multiprocessing as mp
+
+    cases = [
+        ("llama", 2, 1, 1),
+        ("qwen2", 2, 1, 1),
+        ("llama", 1, 2, 1),
+        ("qwen2", 1, 2, 1),
+        ("qwen2", 1, 1, 2),
+    ]
+    out = tmp_path / "out.pt"
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), cases, str(out)), nprocs=2, join=True)
+    for (kind, tp, pp, dp), got in zip(cases, torch.load(out, weights_only=False), strict=True):
+        want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
+        case = f"{kind} tp={tp} pp={pp} dp={dp}"
+        torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0, msg=case)
+        torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0, msg=case)
+        for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (case, key)
+        for name, w in want["weights"].items():
+            torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=f"{case} {name}")
+
+
+def test_a_loaded_checkpoint_continues_exactly_as_the_saved_backend(tmp_path):
+    """Weights, both optimizers' moments, schedules and the minibatch order come back: a backend built
+    from other weights and loaded takes the same next step as the one that saved."""
+    batch = ppo_batch(seed=3)
+    saved = _backend(MegatronBackend, tiny_hf("llama"), minibatches=2, warmup_steps=3)
+    run_step(saved, batch)
+    saved.save(str(tmp_path))
+    loaded = _backend(MegatronBackend, tiny_hf("llama", seed=1), minibatches=2, warmup_steps=3)
+    loaded.load(str(tmp_path))
+    after = [run_step(b, batch) for b in (saved, loaded)]
+    for key in ("critic/value_loss", "actor/policy_loss", "actor/grad_norm", "actor/lr"):
+        assert after[1][key] == after[0][key], key
+    for name, w in after[0]["weights"].items():
+        assert torch.equal(after[1]["weights"][name], w), name
+    with pytest.raises(FileNotFoundError, match="not written by the Megatron backend"):
+        loaded.load(str(tmp_path / "elsewhere"))
+
+
+def test_quickstart_trains_on_the_megatron_backend_and_resumes(tmp_path):
+    """The quickstart recipe, two iterations with ``trainer.backend=megatron``, then resumed for a
+    third: the engine's rollout log-probs are the ones Megatron recomputes (the weight sync works)."""
+    import json
+    from pathlib import Path
+
+    from agentrl.cli import main
+    from tests.trainer.test_trainer import SMALL_QUICKSTART
+
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes/quickstart.yaml")
+    args = [recipe, f"run.output_dir={tmp_path}", "trainer.backend=megatron", *SMALL_QUICKSTART]
+    assert main(["train", *args, "run.iterations=2"]) == 0
+    run = tmp_path / "quickstart"
+    assert (run / "checkpoints/iter-000002/megatron-tp0.pt").stat().st_size > 0
+    assert main(["train", *args, "run.iterations=3", "run.resume=true"]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records)
+    assert all("critic/value_loss" in r for r in records)
+
+
+def test_torchrun_trains_the_quickstart_at_tp2_driven_by_rank_0(tmp_path):
+    """``torchrun --nproc-per-node 2 ... trainer.megatron.tp=2``: rank 0 runs the trainer and the
+    rollouts, rank 1 follows its backend calls; both write their checkpoint shard; the run ends cleanly
+    and the engine's log-probs are the ones the split model recomputes."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.trainer.test_trainer import SMALL_QUICKSTART
+
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        f"--master-port={port}",
+    ]
+    command += ["-m", "agentrl.cli", "train", "recipes/quickstart.yaml", f"run.output_dir={tmp_path}"]
+    command += ["run.iterations=2", "trainer.backend=megatron", "trainer.megatron.tp=2", *SMALL_QUICKSTART]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "quickstart"
+    for rank in (0, 1):
+        assert (run / f"checkpoints/iter-000002/megatron-tp{rank}.pt").stat().st_size > 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records)
+
+
+def test_vocab_parallel_logprobs_equal_token_logprobs_with_temperature_and_padding():
+    """One rank holding the whole (padded) vocabulary: the log-probs, entropies and both gradients
+    are those of ``agentrl.algo.token_logprobs`` over the real rows; the padded rows count nowhere."""
+    from agentrl.algo import token_logprobs
+    from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 16, generator=g, requires_grad=True)
+    weight = torch.randn(VOCAB + 3, 16, generator=g)  # 3 padded rows, never a target
+    weight[VOCAB:] = 5.0  # large logits: counted in the normaliser, they would show
+    weight.requires_grad_(True)
+    targets = torch.randint(0, VOCAB, (37,), generator=g)
+    got = vocab_parallel_logprobs(
+        hidden, weight, targets, vocab_size=VOCAB, temperature=0.7, chunk=8, entropy=True
+    )
+    want = token_logprobs(hidden, weight[:VOCAB], targets, 0.7, 8, True)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    coef = torch.randn(37, generator=g)
+    grads = [torch.autograd.grad((lp * coef).sum(), (hidden, weight)) for lp in (got[0], want[0])]
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-5, rtol=1e-5)
+    assert float(grads[0][1][VOCAB:].abs().max()) == 0.0

@@ -263,6 +263,15 @@ class TrajectoryStore:
                         _resumes(end, len(data)),
                     )
 
+    def scan(self) -> Iterator[tuple[Path, int, int, dict | str]]:
+        """Every stretch of every shard, damage included: ``(shard, line, byte offset, record or why
+        it is damaged)``. ``line`` counts a shard's records from 1 as its decompressed text would
+        (a damaged stretch takes the line its record would have had); for tools that report damage
+        (``agentrl replay``) rather than skip it with a warning."""
+        for shard in self._shards():
+            for line, (start, _, record) in enumerate(_scan(shard.read_bytes()), 1):
+                yield shard, line, start, record
+
     def records(self) -> Iterator[dict]:
         """Every intact record, shard by shard; damaged bytes are skipped with a warning."""
         for _, _, record in self._located_records():

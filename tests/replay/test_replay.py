@@ -304,3 +304,31 @@ def test_parse_filter_combines_keys_with_and():
         for s, r in [("completed", 1.0), ("completed", 0.0), ("timeout", 1.0)]
     ]
     assert [keep(e) for e in episodes] == [True, False, False]
+
+
+class GradedEnv(ToolEnv):
+    """Ends with a grading report in its info, as the coding envs do."""
+
+    async def step(self, tool_calls):
+        result = await super().step(tool_calls)
+        if result.done:
+            result.info["grade"] = {"reward": self.reward, "applied": True, "output": "3 passed"}
+        return result
+
+
+def test_a_pool_store_records_the_iteration_and_the_grade(tmp_path, tok, capsys):
+    from agentrl.rollout.pool import RolloutPool
+
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    store = TrajectoryStore(tmp_path / "trajectories")
+    pool = RolloutPool(
+        lambda: GradedEnv(2), FixedEngine([eot]), tok, store=store, n_samples=2, progress=False
+    )
+    for iteration in (0, 1):
+        asyncio.run(pool.run([Task(f"train-{iteration}")], extra={"iteration": iteration}))
+    store.close()
+    code, out, _ = cli(capsys, tmp_path, "--filter", "iteration=1")
+    rows = out.splitlines()[1:-1]
+    assert code == 0 and len(rows) == 2 and {r.split()[1] for r in rows} == {"train-1"}
+    code, out, _ = cli(capsys, tmp_path, "--id", rows[0].split()[0])
+    assert code == 0 and "grading report:" in out and '"output": "3 passed"' in out and "iteration 1" in out

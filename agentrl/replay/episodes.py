@@ -41,10 +41,13 @@ class Damage:
 
 @dataclass
 class Episode:
-    """One stored episode: its id and the fields of the list view, read from its record."""
+    """One stored episode: its id, where it is, and the fields of the list view."""
 
     id: str
+    shard: Path
+    offset: int
     record: dict[str, Any] = field(repr=False)
+    """The record's fields (those after its token arrays when it was read fast; see ``_fields``)."""
     tokens: int = 0
     trained: int = 0
     turns: int = 0
@@ -80,7 +83,11 @@ class Episode:
         return value if isinstance(value, int) else None
 
     def trajectory(self) -> Trajectory:
-        return Trajectory.from_record(self.record)
+        """The whole trajectory, read again from its shard."""
+        try:
+            return Trajectory.from_record(TrajectoryStore.record_at(self.shard, self.offset))
+        except (OSError, ValueError, TypeError) as e:  # TrajectoryError is a ValueError
+            raise ReplayError(f"episode {self.id} cannot be shown: {e}") from None
 
 
 def resolve(path: str | Path) -> Path:
@@ -104,26 +111,56 @@ def resolve(path: str | Path) -> Path:
     return p
 
 
+_IDS, _MASK, _LOGPROBS, _TURNS = (
+    b'{"input_ids":[',
+    b'],"loss_mask":[',
+    b'],"rollout_logprobs":[',
+    b'],"turns":',
+)
+
+
+def _fields(text: bytes) -> tuple[dict[str, Any], int, int]:
+    """``(fields, tokens, trained)`` of one record's JSON text.
+
+    A record that ``TrajectoryStore.append`` wrote (compact JSON, fields in ``Trajectory`` order)
+    is read fast: the three token arrays, which are most of its bytes, are counted rather than
+    parsed, and only the fields after them are parsed. Any other text is parsed whole."""
+    if text.startswith(_IDS):
+        i = text.find(_MASK, len(_IDS))
+        j = text.find(_LOGPROBS, i)
+        k = text.find(_TURNS, j)
+        if -1 < i < j < k:
+            ids, mask = text[len(_IDS) : i], text[i + len(_MASK) : j]
+            tokens = ids.count(b",") + 1 if ids else 0
+            trained = mask.count(b"1")
+            # every mask entry one digit, 0 or 1, one per token: the counts are exact
+            if len(mask) == max(2 * tokens - 1, 0) and trained + mask.count(b"0") == tokens:
+                return json.loads(b"{" + text[k + 2 :]), tokens, trained
+    record = json.loads(text)
+    if not isinstance(record, dict):
+        raise ValueError(f"a JSON {type(record).__name__}, not an object")
+    return record, len(record["input_ids"]), sum(record["loss_mask"])
+
+
 def read(store: Path) -> tuple[list[Episode], list[Damage]]:
     """Every episode of the store in order, and every damaged stretch (reported, never raised)."""
     episodes, damage = [], []
-    for shard, line, offset, record in TrajectoryStore(store).scan():
-        name = shard.name.removesuffix(".jsonl.gz")
-        if isinstance(record, str):
-            damage.append(Damage(shard.name, line, offset, record))
+    for shard, line, offset, text in TrajectoryStore(store).scan(parse=False):
+        if isinstance(text, str):
+            damage.append(Damage(shard.name, line, offset, text))
             continue
         try:
-            tokens = len(record["input_ids"])
-            trained = sum(record["loss_mask"])
+            record, tokens, trained = _fields(text)
             turns = sum(1 for span in record["turns"] if span["role"] == "assistant")
             if record.get("status") not in STATUSES:
                 raise ValueError(f"status {record.get('status')!r} is not one of {STATUSES}")
             float(record.get("reward", 0.0))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, RecursionError) as e:  # ValueError: bad JSON too
             why = f"missing {e}" if isinstance(e, KeyError) else str(e)
-            damage.append(Damage(shard.name, line, offset, f"a JSON object that is not a trajectory ({why})"))
+            damage.append(Damage(shard.name, line, offset, f"not a trajectory record ({why})"))
             continue
-        episodes.append(Episode(f"{name}:{line}", record, tokens, trained, turns))
+        name = shard.name.removesuffix(".jsonl.gz")
+        episodes.append(Episode(f"{name}:{line}", shard, offset, record, tokens, trained, turns))
     return episodes, damage
 
 

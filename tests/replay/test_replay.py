@@ -290,9 +290,7 @@ def test_a_json_object_that_is_not_a_trajectory_is_damage(tmp_path, capsys):
         )
     episodes, damage = read(resolve(tmp_path))
     assert [e.id for e in episodes] == ["w0-00000:2"]
-    assert [(d.line, d.why) for d in damage] == [
-        (1, "a JSON object that is not a trajectory (missing 'input_ids')")
-    ]
+    assert [(d.line, d.why) for d in damage] == [(1, "not a trajectory record (missing 'input_ids')")]
     with pytest.raises(ReplayError, match=r"no episode 'w0-00000:1'"):
         find(episodes, "w0-00000:1", tmp_path)
 
@@ -332,3 +330,44 @@ def test_a_pool_store_records_the_iteration_and_the_grade(tmp_path, tok, capsys)
     assert code == 0 and len(rows) == 2 and {r.split()[1] for r in rows} == {"train-1"}
     code, out, _ = cli(capsys, tmp_path, "--id", rows[0].split()[0])
     assert code == 0 and "grading report:" in out and '"output": "3 passed"' in out and "iteration 1" in out
+
+
+def test_the_fast_read_matches_parsing_every_record_whole(store, tmp_path):
+    from agentrl.replay.episodes import _fields
+
+    texts = [t for *_, t in TrajectoryStore(store).scan(parse=False)]
+    assert len(texts) == len(STATUSES)
+    for text in texts:
+        whole = json.loads(text)
+        fields, tokens, trained = _fields(text)
+        assert (tokens, trained) == (len(whole["input_ids"]), sum(whole["loss_mask"]))
+        assert fields == {
+            k: v for k, v in whole.items() if k not in ("input_ids", "loss_mask", "rollout_logprobs")
+        }
+    # fields in another order (another writer): parsed whole, the same counts
+    reordered = dict(reversed(list(json.loads(texts[0]).items())))
+    other = tmp_path / "other"
+    with TrajectoryStore(other) as s:
+        s.append(reordered)
+        s.append(
+            {**reordered, "loss_mask": [2] * len(reordered["input_ids"])}
+        )  # counted wrong fast: parsed whole
+    episodes, damage = read(other)
+    whole = json.loads(texts[0])
+    assert [(e.tokens, e.trained) for e in episodes] == [
+        (len(whole["input_ids"]), sum(whole["loss_mask"])),
+        (len(whole["input_ids"]), 2 * len(whole["input_ids"])),
+    ]
+    assert damage == []
+
+
+def test_a_record_whose_json_breaks_after_the_tokens_is_damage(tmp_path, by_status, capsys):
+    text = by_status["completed"].to_record()
+    line = json.dumps(text, separators=(",", ":")).encode()
+    broken = line[: line.index(b',"status"')] + b',"status":}\n'
+    path = tmp_path / "s"
+    path.mkdir()
+    (path / "w0-00000.jsonl.gz").write_bytes(gzip.compress(broken) + gzip.compress(line + b"\n"))
+    code, out, err = cli(capsys, path)
+    assert code == 0 and "w0-00000.jsonl.gz line 1 (byte offset 0): not a trajectory record" in err
+    assert out.splitlines()[1].split()[0] == "w0-00000:2"

@@ -366,6 +366,8 @@ def _serve_sglang(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    import io
+
     from rich.console import Console
 
     from agentrl.replay.episodes import ReplayError, find, parse_filter, read, resolve
@@ -379,13 +381,23 @@ def _replay(args: argparse.Namespace) -> int:
         episodes, damage = read(store)
         for d in damage:
             print(f"warning: {store}/{d}", file=sys.stderr)
+        if args.html is not None and args.id is None:
+            raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
         if args.id is not None:
             episode = find(episodes, args.id, store)
+            if args.html is not None:  # every token, styled by its loss mask, in one file with no links out
+                page = Console(record=True, file=io.StringIO(), width=120, highlight=False)
+                transcript(page, episode, turn=args.turn, tokens=True)
+                page.save_html(args.html, inline_styles=True)
+                print(f"wrote {args.html}")
+                return 0
             # soft_wrap: long lines stay whole, so a transcript piped to a file or grep reads as printed
             transcript(Console(highlight=False, soft_wrap=True), episode, turn=args.turn, tokens=args.tokens)
             return 0
     except ReplayError as e:
         return _error(e)
+    except OSError as e:  # the --html file cannot be written
+        return _error(f"--html {args.html}: {e.strerror or e}")
     shown = [e for e in episodes if keep(e)] if keep else episodes
     if not shown:
         why = (
@@ -539,6 +551,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokens",
         action="store_true",
         help="with --id: print the token ids, trained and masked styled apart",
+    )
+    replay.add_argument(
+        "--html",
+        default=None,
+        metavar="OUT.html",
+        help="with --id: write the transcript with every token id, styled by loss mask, as one self-contained page",
     )
     replay.set_defaults(func=_replay)
 

@@ -209,7 +209,9 @@ def _outcome(console: Console, t: Trajectory) -> None:
     grade = extra.pop("grade", None)
     if grade is not None:
         console.print(Text("grading report:", style="bold"))
-        console.print(Text(_clip(json.dumps(grade, indent=2, ensure_ascii=False)), style=MASKED))
+        for key, value in grade.items() if isinstance(grade, dict) else [("report", grade)]:
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            console.print(Text(f"  {key}: ", style="bold"), Text(_clip(shown), style=MASKED), sep="")
     if extra:
         shown = (f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(extra.items()))
         console.print(Text(", ".join(shown), style=MASKED))

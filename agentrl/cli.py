@@ -381,6 +381,8 @@ def _replay(args: argparse.Namespace) -> int:
         episodes, damage = read(store)
         for d in damage:
             print(f"warning: {store}/{d}", file=sys.stderr)
+        if args.filter and args.id is not None:
+            raise ReplayError("--filter chooses the episodes to list; give it without --id")
         if args.html is not None and args.id is None:
             raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
         if args.id is not None:
@@ -400,11 +402,14 @@ def _replay(args: argparse.Namespace) -> int:
         return _error(f"--html {args.html}: {e.strerror or e}")
     shown = [e for e in episodes if keep(e)] if keep else episodes
     if not shown:
-        why = (
-            f"no episode of {len(episodes)} matches --filter {','.join(args.filter)}"
-            if keep
-            else "no intact episode"
-        )
+        if keep:
+            why = f"no episode of {len(episodes)} matches --filter {','.join(args.filter)}"
+        else:
+            why = (
+                f"no intact episode ({len(damage)} damaged records)"
+                if damage
+                else "the store holds no episodes yet"
+            )
         print(f"{store}: {why}", file=sys.stderr)
         return 1
     counts = list_view(sys.stdout, shown)

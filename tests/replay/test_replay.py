@@ -392,3 +392,23 @@ def test_html_is_one_self_contained_page_with_tokens_styled_by_mask(store, tmp_p
     assert code == 2 and "needs --id" in err
     code, _, err = cli(capsys, store, "--id", "w0-00000:1", "--html", tmp_path / "no" / "x.html")
     assert code == 2 and err.startswith("error: --html ") and "No such file or directory" in err
+
+
+def test_a_store_with_no_intact_episode_says_so(tmp_path, capsys):
+    (tmp_path / "w0-00000.jsonl.gz").write_bytes(b"")  # a writer opened it, nothing written yet
+    code, out, err = cli(capsys, tmp_path)
+    assert code == 1 and out == "" and err == f"{tmp_path}: the store holds no episodes yet\n"
+    (tmp_path / "w0-00000.jsonl.gz").write_bytes(gzip.compress(b"[1, 2]\n") + b"\x1f\x8b\x08 torn")
+    code, out, err = cli(capsys, tmp_path)
+    lines = err.splitlines()
+    assert code == 1 and out == "" and len(lines) == 3
+    assert (
+        lines[0].startswith("warning: ")
+        and "line 1 (byte offset 0): not a trajectory record (a JSON list, not an object)" in lines[0]
+    )
+    assert "line 2" in lines[1] and lines[2] == f"{tmp_path}: no intact episode (2 damaged records)"
+
+
+def test_filter_and_id_together_is_an_input_error(store, capsys):
+    code, _, err = cli(capsys, store, "--id", "w0-00000:1", "--filter", "status=completed")
+    assert code == 2 and err == "error: --filter chooses the episodes to list; give it without --id\n"

@@ -365,6 +365,58 @@ def _serve_sglang(args: argparse.Namespace) -> int:
         return _error(e)
 
 
+def _replay(args: argparse.Namespace) -> int:
+    import io
+
+    from rich.console import Console
+
+    from agentrl.replay.episodes import ReplayError, find, parse_filter, read, resolve
+    from agentrl.replay.transcript import list_view, summary_line, transcript
+
+    try:
+        keep = parse_filter(",".join(args.filter)) if args.filter else None
+        if args.turn is not None and args.id is None:
+            raise ReplayError(f"--turn {args.turn} needs --id: a turn of which episode?")
+        store = resolve(args.store)
+        episodes, damage = read(store)
+        for d in damage:
+            print(f"warning: {store}/{d}", file=sys.stderr)
+        if args.filter and args.id is not None:
+            raise ReplayError("--filter chooses the episodes to list; give it without --id")
+        if args.html is not None and args.id is None:
+            raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
+        if args.id is not None:
+            episode = find(episodes, args.id, store)
+            if args.html is not None:  # every token, styled by its loss mask, in one file with no links out
+                page = Console(record=True, file=io.StringIO(), width=120, highlight=False)
+                transcript(page, episode, turn=args.turn, tokens=True)
+                page.save_html(args.html, inline_styles=True)
+                print(f"wrote {args.html}")
+                return 0
+            # soft_wrap: long lines stay whole, so a transcript piped to a file or grep reads as printed
+            transcript(Console(highlight=False, soft_wrap=True), episode, turn=args.turn, tokens=args.tokens)
+            return 0
+    except ReplayError as e:
+        return _error(e)
+    except OSError as e:  # the --html file cannot be written
+        return _error(f"--html {args.html}: {e.strerror or e}")
+    shown = [e for e in episodes if keep(e)] if keep else episodes
+    if not shown:
+        if keep:
+            why = f"no episode of {len(episodes)} matches --filter {','.join(args.filter)}"
+        else:
+            why = (
+                f"no intact episode ({len(damage)} damaged records)"
+                if damage
+                else "the store holds no episodes yet"
+            )
+        print(f"{store}: {why}", file=sys.stderr)
+        return 1
+    counts = list_view(sys.stdout, shown)
+    print(summary_line(counts, damage) + (f" of {len(episodes)}" if keep else ""))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         # One line like every other input error; subcommands' parsers are of this class too.
@@ -484,6 +536,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=1800.0, help="seconds to wait for every server to generate"
     )
     sgl.set_defaults(func=_serve_sglang)
+
+    replay = commands.add_parser(
+        "replay", help="list stored episodes, or show one turn by turn (text, tool calls, outcome)"
+    )
+    replay.add_argument(
+        "store", metavar="STORE_OR_RUN", help="a run directory (with trajectories/) or a trajectory store"
+    )
+    replay.add_argument("--id", default=None, help="the episode to show, as listed (<shard>:<line>)")
+    replay.add_argument(
+        "--filter",
+        action="append",
+        default=None,
+        help="list only matching episodes: key=value[,key=value]; keys status, reward, iteration, task, env; "
+        "alternatives with |, e.g. status=timeout|max_turns,reward=0",
+    )
+    replay.add_argument("--turn", type=int, default=None, help="with --id: only this assistant turn (from 1)")
+    replay.add_argument(
+        "--tokens",
+        action="store_true",
+        help="with --id: print the token ids, trained and masked styled apart",
+    )
+    replay.add_argument(
+        "--html",
+        default=None,
+        metavar="OUT.html",
+        help="with --id: write the transcript with every token id, styled by loss mask, as one self-contained page",
+    )
+    replay.set_defaults(func=_replay)
 
     config = commands.add_parser(
         "config", help="print a recipe's resolved config: every field, its value, default and description"

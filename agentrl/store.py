@@ -47,6 +47,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from agentrl.trajectory import Trajectory
 
@@ -84,14 +85,19 @@ def _parse(text: bytes) -> dict | str:
     return record
 
 
-def _scan(data: bytes) -> Iterator[tuple[int, int, dict | str]]:
+def _text(text: bytes) -> bytes | str:
+    """One member's text, unparsed (``TrajectoryStore.scan(parse=False)``), or why it is not a record."""
+    return text if text.endswith(b"\n") else "a gzip member whose text does not end in a newline"
+
+
+def _scan(data: bytes, parse: Callable[[bytes], Any] = _parse) -> Iterator[tuple[int, int, Any]]:
     """Split a shard into ``(start, end, record or why that stretch is damaged)``, covering every byte."""
     view, n, offset = memoryview(data), len(data), 0
     while offset < n:
         member = _inflate(view, offset)
         if isinstance(member, tuple):
             end, text = member
-            yield offset, end, _parse(text)
+            yield offset, end, parse(text)
             offset = end
             continue
         resume = data.find(_GZIP_MAGIC, offset + 1)
@@ -262,6 +268,31 @@ class TrajectoryStore:
                         record,
                         _resumes(end, len(data)),
                     )
+
+    def scan(self, parse: bool = True) -> Iterator[tuple[Path, int, int, dict | bytes | str]]:
+        """Every stretch of every shard, damage included: ``(shard, line, byte offset, record or why
+        it is damaged)``; the record is a dict, or with ``parse=False`` its JSON text (bytes, not
+        checked to be JSON). ``line`` counts a shard's records from 1 as its decompressed text would
+        (a damaged stretch takes the line its record would have had); for tools that report damage
+        (``agentrl replay``) rather than skip it with a warning."""
+        for shard in self._shards():
+            for line, (start, _, record) in enumerate(
+                _scan(shard.read_bytes(), _parse if parse else _text), 1
+            ):
+                yield shard, line, start, record
+
+    @staticmethod
+    def record_at(shard: str | os.PathLike, offset: int) -> dict:
+        """The record whose gzip member starts at byte ``offset`` of ``shard`` (as ``scan`` gives
+        it); ``ValueError`` saying why when there is none intact there."""
+        with open(shard, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        member = _inflate(memoryview(data), 0)
+        record = _parse(member[1]) if isinstance(member, tuple) else member
+        if isinstance(record, str):
+            raise ValueError(f"{shard} at byte offset {offset}: {record}")
+        return record
 
     def records(self) -> Iterator[dict]:
         """Every intact record, shard by shard; damaged bytes are skipped with a warning."""

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import zlib
@@ -324,6 +325,8 @@ async def run_episode(
             if result.done:
                 reward, graded = float(result.reward), True
                 status = result.info.get("status", "completed")
+                if result.info.get("grade") is not None:  # the env's grading report, shown by replay
+                    traj.extra["grade"] = json.loads(json.dumps(result.info["grade"], default=str))
                 break
             obs_ids = render.observation(result.observation, after_eot=ended)
             traj.messages.extend(result.observation)

@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from agentrl.env import AgentEnv, Task
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
@@ -63,8 +64,10 @@ class RolloutPool:
                 renderer=self.renderer,
             )
 
-    async def run(self, tasks: list[Task]) -> list[Trajectory]:
-        """Run every task ``n_samples`` times; trajectories come back in task order."""
+    async def run(self, tasks: list[Task], extra: dict[str, Any] | None = None) -> list[Trajectory]:
+        """Run every task ``n_samples`` times; trajectories come back in task order. ``extra`` is
+        added to each trajectory's ``extra`` before it is stored (the trainer's ``iteration``, which
+        ``agentrl replay --filter iteration=N`` selects by)."""
         slots = asyncio.Semaphore(self.concurrency)
         jobs = [(task, s) for task in tasks for s in range(self.n_samples)]
         futures = [asyncio.ensure_future(self._episode(task, s, slots)) for task, s in jobs]
@@ -75,6 +78,7 @@ class RolloutPool:
         try:
             for done in asyncio.as_completed(futures):
                 trajectory = await done
+                trajectory.extra.update(extra or {})
                 if self.store is not None:
                     self.store.append(trajectory)
                 statuses[trajectory.status] += 1

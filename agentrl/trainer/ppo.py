@@ -37,7 +37,7 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         tasks, group_ids = run.next_tasks()
         run.pool.config.seed = rollout_seed(cfg, it)  # fresh samples every iteration, reproducibly
         version = run.engine.weight_version  # what the trainer's weights were synced as
-        trajectories = await run.pool.run(tasks)
+        trajectories = await run.pool.run(tasks, extra={"iteration": it})
         kept = [i for i, t in enumerate(trajectories) if t.status not in NOT_TRAINABLE]
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
         t1 = time.monotonic()

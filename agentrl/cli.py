@@ -385,8 +385,14 @@ def _replay(args: argparse.Namespace) -> int:
             raise ReplayError("--filter chooses the episodes to list; give it without --id")
         if args.html is not None and args.id is None:
             raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
+        if args.reexec and args.id is None:
+            raise ReplayError("--reexec needs --id: which episode to re-execute?")
+        if args.sandbox is not None and not args.reexec:
+            raise ReplayError(f"--sandbox {args.sandbox} is for --reexec: the sandbox to re-execute in")
         if args.id is not None:
             episode = find(episodes, args.id, store)
+            if args.reexec:
+                return _reexec(store, episode, args.sandbox)
             if args.html is not None:  # every token, styled by its loss mask, in one file with no links out
                 page = Console(record=True, file=io.StringIO(), width=120, highlight=False)
                 transcript(page, episode, turn=args.turn, tokens=True)
@@ -415,6 +421,25 @@ def _replay(args: argparse.Namespace) -> int:
     counts = list_view(sys.stdout, shown)
     print(summary_line(counts, damage) + (f" of {len(episodes)}" if keep else ""))
     return 0
+
+
+def _reexec(store, episode, sandbox: str | None) -> int:
+    """``agentrl replay --reexec``: 0 when the env reproduced the episode, 1 at a divergence."""
+    import asyncio
+
+    from agentrl.replay.episodes import ReplayError
+    from agentrl.replay.reexec import build_env, describe, find_task, reexec
+
+    t = episode.trajectory()
+    try:
+        env, splits, source = build_env(store, t, sandbox)
+        task = find_task(env, t, splits)
+    except ReplayError as e:
+        return _error(e)
+    print(f"re-executing {episode.id} ({t.env_id}, task {t.task_id}) with {source}")
+    result = asyncio.run(reexec(env, t, task))
+    print("\n".join(describe(result, t)))
+    return 0 if result.divergence is None else 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -562,6 +587,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="OUT.html",
         help="with --id: write the transcript with every token id, styled by loss mask, as one self-contained page",
+    )
+    replay.add_argument(
+        "--reexec",
+        action="store_true",
+        help="with --id: run the recorded tool calls again in a fresh env of the same id and task and "
+        "report the first observation that differs (exit 1), to tell a nondeterministic env from the policy",
+    )
+    replay.add_argument(
+        "--sandbox",
+        choices=["auto", "docker", "local"],
+        default=None,
+        help="with --reexec: the sandbox backend (default: the run's, or auto for a bare store)",
     )
     replay.set_defaults(func=_replay)
 

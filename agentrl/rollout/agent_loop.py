@@ -36,6 +36,8 @@ from agentrl.tools import ParsedTurn, ToolCall, get_parser
 from agentrl.trajectory import NOT_TRAINABLE, Trajectory, TurnSpan
 
 log = logging.getLogger(__name__)
+TASK_DATA_MAX = 4096
+"""A task's data up to this many characters of JSON is stored with its trajectories (``extra.task_data``)."""
 
 
 @dataclass
@@ -230,6 +232,11 @@ async def run_episode(
         [], [], [], [], env_id=getattr(env, "id", ""), task_id=task.id, sample_index=sample_index
     )
     traj.seed = cfg.seed
+    try:  # the task's own data, small, so that replay can rebuild the task without searching for it
+        if len(json.dumps(task.data)) <= TASK_DATA_MAX:
+            traj.extra["task_data"] = task.data
+    except (TypeError, ValueError):
+        pass
     counters = {
         "tool_call_errors": 0,
         "retokenization_drift_turns": 0,

@@ -1,0 +1,177 @@
+"""agentrl replay --reexec: the recorded tool calls run again in a fresh env, the first divergence
+found. End to end with a real environment from another package (linecount-v0) in a real
+bubblewrap sandbox; the comparison's cases with fake envs."""
+
+import asyncio
+import gzip
+import json
+
+import pytest
+
+from agentrl.cli import main
+from agentrl.env import Task, make
+from agentrl.models import tiny_tokenizer
+from agentrl.replay.episodes import ReplayError
+from agentrl.replay.reexec import describe, find_task, reexec
+from agentrl.rollout.agent_loop import LoopConfig, run_episode
+from agentrl.rollout.scripted import ScriptedEngine
+from agentrl.store import TrajectoryStore
+from tests.rollout.fakes import EchoEnv, FixedEngine
+
+pytest.importorskip("agentrl_example_env", reason="make setup installs tests/example_env")
+
+
+def bash(command: str) -> str:
+    return f'<tool_call>\n{{"name": "bash", "arguments": {{"command": "{command}"}}}}\n</tool_call>'
+
+
+SUBMIT = '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def needs_bwrap():
+    from agentrl.sandboxes.local import bwrap_works
+
+    works, why = bwrap_works()
+    if not works:
+        pytest.skip(f"bubblewrap cannot run here: {why}")
+
+
+def record(tok, env_id: str, task: Task, script: list[str], store, **cfg):
+    env = make(env_id, sandbox="local")
+    engine = ScriptedEngine(tok, script=script)
+    t = asyncio.run(run_episode(env, engine, tok, task, LoopConfig(**cfg)))
+    with TrajectoryStore(store) as s:
+        s.append(t)
+    return t
+
+
+def test_a_deterministic_episode_replays_identically_and_a_clock_diverges(tmp_path, tok, capsys):
+    needs_bwrap()
+    env = make("linecount-v0", sandbox="local")
+    task = env.tasks("train")[3]
+    store = tmp_path / "store"
+    good = record(
+        tok, "linecount-v0", task, [bash("cat data.txt"), bash("wc -l < data.txt > answer.txt"), SUBMIT], store
+    )
+    assert good.reward == 1.0 and good.status == "completed"
+    assert good.extra["task_data"] == task.data  # the loop stored the task's data with the episode
+    record(tok, "linecount-v0", task, [bash("ls"), bash("date +%s%N"), bash("true"), SUBMIT], store)
+
+    assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 0
+    out = capsys.readouterr().out
+    assert "replayed 3 turns, 3 tool calls" in out
+    assert "identical: every exit code, output and observation as recorded; the env gave reward 1 (recorded 1)" in out
+
+    # The clock's output differs on the second turn: the replay stops there and shows both values.
+    assert main(["replay", str(store), "--id", "w0-00000:2", "--reexec", "--sandbox", "local"]) == 1
+    out = capsys.readouterr().out
+    assert "replayed 2 turns, 2 tool calls" in out
+    assert "first divergence: turn 2: observation differs" in out
+    assert "--- recorded" in out and "+++ re-executed" in out
+
+
+def test_a_changed_recording_is_found_at_its_turn(tmp_path, tok, capsys):
+    """The store is edited (the first observation of episode 1 rewritten): replay finds it on turn 1."""
+    needs_bwrap()
+    env = make("linecount-v0", sandbox="local")
+    task = env.tasks("test")[0]
+    store = tmp_path / "store"
+    record(tok, "linecount-v0", task, [bash("cat data.txt"), SUBMIT], store)
+    shard = next(store.glob("*.jsonl.gz"))
+    record_ = json.loads(gzip.decompress(shard.read_bytes()))
+    messages = json.loads(record_["messages"]) if isinstance(record_["messages"], str) else record_["messages"]
+    tool = next(m for m in messages if m["role"] == "tool")
+    tool["content"] = "item 0\n[exit code 0]"
+    record_["messages"] = json.dumps(messages) if isinstance(record_["messages"], str) else messages
+    shard.write_bytes(gzip.compress((json.dumps(record_) + "\n").encode()))
+
+    assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence: turn 1: observation differs" in out
+    assert '-  "content": "item 0\\n[exit code 0]"' in out
+
+
+class CountingEnv(EchoEnv):
+    """Records its tool calls like the coding envs; the exit code of call 2 of each step flips with
+    a counter kept across episodes (state an env should not carry, a cause of divergence)."""
+
+    runs = 0
+
+    async def reset(self, task):
+        CountingEnv.runs += 1
+        return await super().reset(task)
+
+    async def step(self, tool_calls):
+        result = await super().step(tool_calls)
+        result.info["tool_calls"] = [
+            {"name": c.name, "arguments": c.arguments, "output": f"ran {c.name}", "exit_code": 0}
+            for c in tool_calls
+        ]
+        if len(tool_calls) > 1:
+            result.info["tool_calls"][1]["exit_code"] = CountingEnv.runs % 2
+        return result
+
+
+def episode(tok, env, texts: list[str], **cfg):
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    engine = FixedEngine([*tok.encode("\n".join(texts), add_special_tokens=False), eot])
+    return asyncio.run(run_episode(env, engine, tok, Task("train-2", {"n": 2}), LoopConfig(**cfg)))
+
+
+def test_the_first_differing_exit_code_is_named_by_turn_and_call(tok):
+    t = episode(tok, CountingEnv(3), [bash("ls"), bash("pwd")])
+    assert t.status == "completed" and len(t.tool_calls) == 6  # 3 turns of 2 calls
+    result = asyncio.run(reexec(CountingEnv(3), t, find_task(CountingEnv(3), t, ["train"])))
+    d = result.divergence
+    assert (d.turn, d.call, d.name, d.what, d.recorded, d.now) == (1, 2, "bash", "exit_code", 1, 0)
+    assert "first divergence: turn 1, call 2 (bash): exit_code differs" in describe(result, t)
+
+
+def test_an_episode_the_loop_cut_short_is_replayed_up_to_where_it_stopped(tok):
+    t = episode(tok, EchoEnv(10), [bash("ls")], max_turns=2)
+    assert t.status == "max_turns"
+    result = asyncio.run(reexec(EchoEnv(10), t, Task("train-2", {"n": 2})))
+    assert result.divergence is None and result.turns == 2
+    assert result.notes == ["the recorded episode ended max_turns; the env did not end it, as recorded"]
+    # An env that now ends the episode early diverges there.
+    result = asyncio.run(reexec(EchoEnv(1), t, Task("train-2", {"n": 2})))
+    assert (result.divergence.turn, result.divergence.what) == (1, "end")
+
+
+def test_an_env_that_raises_on_replay_is_a_divergence_unless_it_raised_so_when_recorded(tok):
+    t = episode(tok, EchoEnv(5, fail_at=2), [bash("ls")])
+    assert t.status == "env_error"
+    again = asyncio.run(reexec(EchoEnv(5, fail_at=2), t, Task("train-2")))
+    assert again.divergence is None and again.turns == 1
+    now = asyncio.run(reexec(EchoEnv(5, fail_at=1), t, Task("train-2")))
+    assert (now.divergence.turn, now.divergence.what) == (1, "error")
+    assert now.divergence.now == "RuntimeError: the environment broke"
+
+
+def test_a_task_without_stored_data_is_searched_for_and_a_missing_one_named(tok):
+    t = episode(tok, EchoEnv(2), [bash("ls")])
+    del t.extra["task_data"]
+    assert find_task(EchoEnv(), t, ["test", "train"]) == Task("train-2", {})
+    t.task_id = "train-99"
+    with pytest.raises(ReplayError, match=r"task 'train-99' of environment echo-v0 is in none of its splits"):
+        find_task(EchoEnv(), t, ["train", "test", "nope"])
+
+
+def test_reexec_input_errors_are_one_line(tmp_path, tok, capsys):
+    store = tmp_path / "store"
+    t = episode(tok, EchoEnv(2), [bash("ls")])
+    with TrajectoryStore(store) as s:
+        s.append(t)
+    assert main(["replay", str(store), "--reexec"]) == 2
+    assert "--reexec needs --id" in capsys.readouterr().err
+    assert main(["replay", str(store), "--sandbox", "local"]) == 2
+    assert "--sandbox local is for --reexec" in capsys.readouterr().err
+    # echo-v0 is a test double, not a registered environment: the registry's message names it.
+    assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "echo-v0" in err and len(err.splitlines()) == 1

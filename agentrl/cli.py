@@ -442,6 +442,18 @@ def _reexec(store, episode, sandbox: str | None) -> int:
     return 0 if result.divergence is None else 1
 
 
+def _report(args: argparse.Namespace) -> int:
+    from agentrl.replay.episodes import ReplayError
+    from agentrl.replay.report import write
+
+    try:
+        page = write(args.run, args.out)
+    except ReplayError as e:
+        return _error(e)
+    print(f"wrote {page}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         # One line like every other input error; subcommands' parsers are of this class too.
@@ -601,6 +613,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --reexec: the sandbox backend (default: the run's, or auto for a bare store)",
     )
     replay.set_defaults(func=_replay)
+
+    report = commands.add_parser(
+        "report",
+        help="a training run on one page: learning curve, diagnostics per iteration, best and worst episodes",
+    )
+    report.add_argument("run", metavar="RUN", help="the run directory (runs/NAME, holding metrics.jsonl)")
+    report.add_argument("--out", default=None, help="write the report here (default: RUN/report)")
+    report.set_defaults(func=_report)
 
     config = commands.add_parser(
         "config", help="print a recipe's resolved config: every field, its value, default and description"

@@ -73,6 +73,11 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
     records = [json.loads(line) for line in (out / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1]
     assert "critic/value_loss" in records[0] and "actor/policy_loss" in records[1]  # critic-only first
+    # The run on one page: agentrl report reads what the run wrote.
+    assert main(["report", str(out / "quickstart")]) == 0
+    page = (out / "quickstart" / "report" / "index.html").read_text()
+    assert f"held-out success</b> (4 tasks, greedy): {summary['eval_before']:.3f}" in page
+    assert page.count("<tr><td>") == 2 and 'href="episodes/w0-' in page
 
 
 def test_a_plugin_that_fails_to_load_is_named_when_its_env_is_asked_for(tmp_path, monkeypatch):

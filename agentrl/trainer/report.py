@@ -43,6 +43,7 @@ async def finish(run: Run) -> dict[str, Any]:
         "iterations": cfg.run.iterations,
         "eval_before": before,
         "eval_after": after,
+        "eval_tasks": len(run.splits.held_out),
     }
     for key, name in (("eval_success_sampled", "sampled"), ("eval_pass_at_n", "pass_at_n")):
         if key in evals_after:  # with metrics.eval_samples > 0
@@ -122,7 +123,7 @@ def plot_curve(
     bottom.set_ylim(0, 1)
     bottom.set_ylabel("episodes")
     bottom.set_xlabel("policy updates done (0: after the warm start)")
-    if records:
+    if any(any(v) for v in shares.values()):  # a record without statuses draws no bar
         bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -56,7 +56,11 @@ def test_a_deterministic_episode_replays_identically_and_a_clock_diverges(tmp_pa
     task = env.tasks("train")[3]
     store = tmp_path / "store"
     good = record(
-        tok, "linecount-v0", task, [bash("cat data.txt"), bash("wc -l < data.txt > answer.txt"), SUBMIT], store
+        tok,
+        "linecount-v0",
+        task,
+        [bash("cat data.txt"), bash("wc -l < data.txt > answer.txt"), SUBMIT],
+        store,
     )
     assert good.reward == 1.0 and good.status == "completed"
     assert good.extra["task_data"] == task.data  # the loop stored the task's data with the episode
@@ -65,7 +69,10 @@ def test_a_deterministic_episode_replays_identically_and_a_clock_diverges(tmp_pa
     assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 0
     out = capsys.readouterr().out
     assert "replayed 3 turns, 3 tool calls" in out
-    assert "identical: every exit code, output and observation as recorded; the env gave reward 1 (recorded 1)" in out
+    assert (
+        "identical: every exit code, output and observation as recorded; the env gave reward 1 (recorded 1)"
+        in out
+    )
 
     # The clock's output differs on the second turn: the replay stops there and shows both values.
     assert main(["replay", str(store), "--id", "w0-00000:2", "--reexec", "--sandbox", "local"]) == 1
@@ -84,7 +91,9 @@ def test_a_changed_recording_is_found_at_its_turn(tmp_path, tok, capsys):
     record(tok, "linecount-v0", task, [bash("cat data.txt"), SUBMIT], store)
     shard = next(store.glob("*.jsonl.gz"))
     record_ = json.loads(gzip.decompress(shard.read_bytes()))
-    messages = json.loads(record_["messages"]) if isinstance(record_["messages"], str) else record_["messages"]
+    messages = (
+        json.loads(record_["messages"]) if isinstance(record_["messages"], str) else record_["messages"]
+    )
     tool = next(m for m in messages if m["role"] == "tool")
     tool["content"] = "item 0\n[exit code 0]"
     record_["messages"] = json.dumps(messages) if isinstance(record_["messages"], str) else messages

@@ -1,0 +1,285 @@
+"""``agentrl report RUN``: a training run on one page.
+
+Reads what a run directory holds (``metrics.jsonl``, one record per iteration; ``summary.json``
+once the run has ended; ``config.json``; the trajectory store) and writes, into ``RUN/report/``
+(or ``--out``):
+
+- ``curve.png``: held-out success before, at each evaluation and after RL with its ±1 standard
+  error band, training success, and how the episodes ended (the run's own learning curve);
+- ``diagnostics.png``: reward, the IcePop masked fraction, the actor's clip fraction and
+  approximate KL, the critic's explained variance, and throughput, per iteration;
+- ``episodes/<id>.html``: the replay page (``agentrl replay --id ID --html``) of the best and the
+  worst episodes of the last iteration that has stored episodes;
+- ``index.html``: the page: held-out success before and after with its noise, the figures (inline,
+  so the page is one file that reads anywhere), a table per iteration (reward, success, statuses,
+  IcePop, clip, KL, explained variance, tokens/s), the links to the episode pages, the config.
+
+A run still going (no ``summary.json``) is reported as far as it has got. Damaged lines of
+``metrics.jsonl`` are skipped and counted on the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.replay.episodes import Episode, ReplayError, read
+from agentrl.trajectory import STATUSES, succeeded
+
+EPISODES_EACH = 3
+"""Best and worst episodes linked from the page, each."""
+COLUMNS = (  # (header, metrics key, format)
+    ("reward", "reward_mean", "{:.3f}"),
+    ("success", "success_rate", "{:.3f}"),
+    ("held-out", "eval_success", "{:.3f}"),
+    ("IcePop masked", "icepop_masked_frac", "{:.4f}"),
+    ("clip", "actor/clip_frac", "{:.4f}"),
+    ("approx KL", "actor/approx_kl", "{:.5f}"),
+    ("explained var", "critic/explained_var_before", "{:.3f}"),
+    ("rollout tok/s", "rollout_tokens_per_s", "{:.0f}"),
+    ("train tok/s", "train_tokens_per_s", "{:.0f}"),
+)
+PANELS = (  # (title, [(metrics key, label)])
+    ("reward", [("reward_mean", "mean reward"), ("success_rate", "training success")]),
+    ("IcePop", [("icepop_masked_frac", "masked fraction of trained tokens")]),
+    ("actor", [("actor/clip_frac", "clip fraction"), ("actor/approx_kl", "approx KL")]),
+    ("critic", [("critic/explained_var_before", "explained variance (before its update)")]),
+    ("throughput", [("rollout_tokens_per_s", "rollout tokens/s"), ("train_tokens_per_s", "train tokens/s")]),
+)
+
+
+@dataclass
+class RunData:
+    path: Path
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    damaged: int = 0
+    episodes: list[Episode] = field(default_factory=list)
+
+    @property
+    def n_eval(self) -> int:
+        n = self.summary.get("eval_tasks") or (self.config.get("env") or {}).get("eval_tasks")
+        return int(n) if isinstance(n, int | float) and n > 0 else 0
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ReplayError(
+            f"{path} cannot be read ({e}); restore it or remove it to report without it"
+        ) from None
+    return data if isinstance(data, dict) else {}
+
+
+def load(run: str | Path) -> RunData:
+    """The run's records, summary, config and stored episodes; ``ReplayError`` when it is no run."""
+    path = Path(run)
+    metrics = path / "metrics.jsonl"
+    if not path.is_dir():
+        raise ReplayError(
+            f"{run} is not a directory; give a run directory (runs/NAME, holding metrics.jsonl)"
+        )
+    if not metrics.is_file():
+        raise ReplayError(
+            f"{run} holds no metrics.jsonl: it is not a training run's directory, or the run has not "
+            "finished its first iteration; give runs/NAME of an `agentrl train` run"
+        )
+    records, damaged = [], 0
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            damaged += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("iteration"), int):
+            records.append(record)
+        else:
+            damaged += 1
+    data = RunData(
+        path, records, _json_file(path / "summary.json"), _json_file(path / "config.json"), damaged
+    )
+    if (path / "trajectories").is_dir() and any((path / "trajectories").glob("*.jsonl.gz")):
+        data.episodes, _ = read(path / "trajectories")
+    return data
+
+
+def chosen_episodes(episodes: list[Episode], n: int = EPISODES_EACH) -> tuple[list[Episode], list[Episode]]:
+    """The best (highest reward, then fewest tokens) and the worst (lowest reward, an episode that
+    did not complete first, then most tokens) of the last iteration with stored episodes."""
+    its = [e.iteration for e in episodes if e.iteration is not None]
+    last = [e for e in episodes if e.iteration == max(its)] if its else list(episodes)
+    best = sorted(last, key=lambda e: (-e.reward, e.tokens))[:n]
+    rest = [e for e in last if e not in best]
+    worst = sorted(rest, key=lambda e: (e.reward, e.status == "completed", -e.tokens))[:n]
+    return best, worst
+
+
+def _noise(p: float, n: int) -> str:
+    if not n or not isinstance(p, int | float) or math.isnan(p):
+        return ""
+    return f" ± {math.sqrt(max(p * (1 - p), 0.0) / n):.3f}"
+
+
+def diagnostics_png(records: list[dict[str, Any]], path: Path) -> bool:
+    """One panel per ``PANELS`` entry over the iterations; a metric the run did not record is said so."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(3.2 * len(PANELS), 2.8))
+    its = [r["iteration"] for r in records]
+    for ax, (title, series) in zip(axes, PANELS, strict=True):
+        drawn = False
+        for key, label in series:
+            values = [r.get(key, float("nan")) for r in records]
+            if any(isinstance(v, int | float) and v == v for v in values):
+                ax.plot(its, values, ".-", label=label)
+                drawn = True
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def _img(path: Path, alt: str) -> str:
+    if not path.is_file():
+        return f"<p><em>{html.escape(alt)}: not drawn (matplotlib is not installed)</em></p>"
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}" style="max-width:100%"></p>'
+
+
+def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
+    value = record.get(key)
+    return fmt.format(value) if isinstance(value, int | float) and value == value else ""
+
+
+def _statuses(record: dict[str, Any]) -> str:
+    counts = record.get("statuses") or {}
+    return ", ".join(f"{s} {counts[s]}" for s in STATUSES if counts.get(s))
+
+
+def episode_page(episode: Episode, path: Path) -> None:
+    """The replay page of one episode (as ``agentrl replay --id ID --html`` writes it)."""
+    from rich.console import Console
+
+    from agentrl.replay.transcript import transcript
+
+    page = Console(record=True, file=io.StringIO(), width=120, highlight=False)
+    transcript(page, episode, tokens=True)
+    page.save_html(str(path), inline_styles=True)
+
+
+def write(run: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of ``run`` into ``out`` (default ``RUN/report``); the page's path."""
+    from agentrl.trainer.report import plot_curve
+
+    data = load(run)
+    out = Path(out) if out is not None else data.path / "report"
+    try:
+        (out / "episodes").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReplayError(
+            f"cannot write the report to {out}: {e.strerror or e}; give --out a writable directory"
+        ) from None
+    s, records = data.summary, data.records
+    before, after = s.get("eval_before", float("nan")), s.get("eval_after", float("nan"))
+    if not s:  # the run goes on: the last evaluation so far stands for "after"
+        evals = [r["eval_success"] for r in records if "eval_success" in r]
+        after = evals[-1] if evals else float("nan")
+    plot_curve(records, out / "curve.png", before, after, n_eval=data.n_eval)
+    diagnostics_png(records, out / "diagnostics.png")
+
+    best, worst = chosen_episodes(data.episodes)
+    links = {}
+    for group, chosen in (("best", best), ("worst", worst)):
+        items = []
+        for e in chosen:
+            name = e.id.replace(":", "-") + ".html"
+            episode_page(e, out / "episodes" / name)
+            items.append(
+                f'<li><a href="episodes/{html.escape(name)}">{html.escape(e.id)}</a> task '
+                f"{html.escape(e.task)}: {html.escape(e.status)}, reward {e.reward:g}, {e.turns} turns, "
+                f"{e.tokens} tokens</li>"
+            )
+        links[group] = "\n".join(items) or "<li>no stored episodes</li>"
+
+    name = html.escape((data.config.get("run") or {}).get("name") or data.path.name)
+    n = data.n_eval
+    gain = after - before if all(isinstance(v, int | float) for v in (before, after)) else float("nan")
+    state = "ended" if s else "still going, or stopped before its end (no summary.json)"
+    head = (
+        f"<p>{len(records)} iterations recorded; the run {state}"
+        + (f"; {data.damaged} damaged lines of metrics.jsonl skipped" if data.damaged else "")
+        + ".</p>"
+    )
+    held = (
+        f"<p><b>held-out success</b> ({n or 'an unknown number of'} tasks, greedy): "
+        f"{before:.3f}{_noise(before, n)} before RL &rarr; {after:.3f}{_noise(after, n)} "
+        f"{'after' if s else 'at the last evaluation'} (gain {gain:+.3f}); ± is one standard error.</p>"
+    )
+    if "seconds" in s:
+        held += f"<p>{s['seconds'] / 60:.1f} minutes in all.</p>"
+    rows = [
+        "<tr><th>iteration</th>"
+        + "".join(f"<th>{h}</th>" for h, _, _ in COLUMNS)
+        + "<th>episodes ended</th></tr>"
+    ]
+    for r in records:
+        rows.append(
+            f"<tr><td>{r['iteration']}</td>"
+            + "".join(f"<td>{_cell(r, k, f)}</td>" for _, k, f in COLUMNS)
+            + f"<td>{html.escape(_statuses(r))}</td></tr>"
+        )
+    config = html.escape(json.dumps(data.config, indent=2)) if data.config else "(no config.json)"
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>agentrl run {name}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:1em auto}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}pre{{font-size:12px;background:#f6f6f6;padding:8px}}</style>
+</head><body>
+<h1>Run {name}</h1>
+{head}
+{held}
+<h2>Learning curve</h2>
+{_img(out / "curve.png", "learning curve")}
+<h2>Diagnostics</h2>
+{_img(out / "diagnostics.png", "diagnostics")}
+<h2>Per iteration</h2>
+<table>
+{chr(10).join(rows)}
+</table>
+<h2>Episodes of the last iteration</h2>
+<h3>best</h3><ul>
+{links["best"]}
+</ul><h3>worst</h3><ul>
+{links["worst"]}
+</ul>
+<p>Successful episodes (reward {1.0:g}) in the store: {sum(succeeded(e.reward) for e in data.episodes)} of {len(data.episodes)}.</p>
+<h2>Config</h2>
+<details><summary>config.json</summary><pre>{config}</pre></details>
+</body></html>
+"""
+    (out / "index.html").write_text(page)
+    return out / "index.html"

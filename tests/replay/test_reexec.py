@@ -184,3 +184,43 @@ def test_reexec_input_errors_are_one_line(tmp_path, tok, capsys):
     assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "echo-v0" in err and len(err.splitlines()) == 1
+
+
+def test_a_bugfix_episode_replays_identically_until_its_task_file_is_altered(
+    tmp_path, tok, capsys, monkeypatch
+):
+    """The expert's bugfix-v0 episode (tests, view, fix, tests, submit) through the real loop in a
+    bubblewrap sandbox: zero divergences; with the buggy file altered (one line added on top), the
+    view of turn 2 is the first to differ."""
+    needs_bwrap()
+    import dataclasses
+
+    from agentrl.envs.bugfix import BugfixEnv
+    from agentrl.rollout.scripted import play_demonstration
+
+    env = make("bugfix-v0", sandbox="local")
+    task = env.tasks("test")[5]
+    demo = env.demonstration(task)
+    t = asyncio.run(play_demonstration(env, tok, task, demo, LoopConfig(max_turns=8)))
+    assert t.status == "completed" and t.reward == demo.reward
+    store = tmp_path / "store"
+    with TrajectoryStore(store) as s:
+        s.append(t)
+    replay = ["replay", str(store), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]
+    assert main(replay) == 0
+    out = capsys.readouterr().out
+    assert "replayed 5 turns, 5 tool calls" in out and "identical:" in out
+
+    generate = BugfixEnv._generate
+
+    def altered(self, split, index):
+        spec = generate(self, split, index)
+        files = dict(spec.files)
+        files[spec.fix["path"]] = "# altered\n" + files[spec.fix["path"]]
+        return dataclasses.replace(spec, files=files)
+
+    monkeypatch.setattr(BugfixEnv, "_generate", altered)
+    assert main(replay) == 1
+    out = capsys.readouterr().out
+    assert "first divergence: turn 2, call 1 (str_replace_editor): output differs" in out
+    assert "+     1\t# altered" in out and "replayed 2 turns, 2 tool calls" in out

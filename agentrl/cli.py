@@ -366,7 +366,6 @@ def _serve_sglang(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    import io
 
     from rich.console import Console
 
@@ -383,6 +382,8 @@ def _replay(args: argparse.Namespace) -> int:
             print(f"warning: {store}/{d}", file=sys.stderr)
         if args.filter and args.id is not None:
             raise ReplayError("--filter chooses the episodes to list; give it without --id")
+        if args.html is not None and args.turn is not None:
+            raise ReplayError(f"--turn {args.turn} is for the terminal; the --html page shows every turn")
         if args.html is not None and args.id is None:
             raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
         if args.reexec and args.id is None:
@@ -393,10 +394,10 @@ def _replay(args: argparse.Namespace) -> int:
             episode = find(episodes, args.id, store)
             if args.reexec:
                 return _reexec(store, episode, args.sandbox)
-            if args.html is not None:  # every token, styled by its loss mask, in one file with no links out
-                page = Console(record=True, file=io.StringIO(), width=120, highlight=False)
-                transcript(page, episode, turn=args.turn, tokens=True)
-                page.save_html(args.html, inline_styles=True)
+            if args.html is not None:  # transcript and token view, one file with no links out
+                from agentrl.replay.html import write
+
+                write(episode, args.html, store.parent if store.name == "trajectories" else None)
                 print(f"wrote {args.html}")
                 return 0
             # soft_wrap: long lines stay whole, so a transcript piped to a file or grep reads as printed
@@ -598,7 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--html",
         default=None,
         metavar="OUT.html",
-        help="with --id: write the transcript with every token id, styled by loss mask, as one self-contained page",
+        help="with --id: write the transcript and every token, coloured by loss mask, log-prob gap, IcePop weight, "
+        "advantage or value (the last four where the run recorded them: debug.token_stats_every), as one "
+        "self-contained page",
     )
     replay.add_argument(
         "--reexec",

@@ -64,6 +64,7 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
         "rollout.max_turns=3",
         "rollout.max_new_tokens=24",
         "metrics.progress=false",
+        "debug.token_stats_every=2",
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
@@ -73,6 +74,17 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
     records = [json.loads(line) for line in (out / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1]
     assert "critic/value_loss" in records[0] and "actor/policy_loss" in records[1]  # critic-only first
+    # The trainer's per-token stats of iteration 0 (every 2nd), one row per trained episode, and none of 1.
+    from agentrl import token_stats
+
+    run = out / "quickstart"
+    assert sorted(p.name for p in (run / "token_stats").iterdir()) == ["iter-000000.jsonl.gz"]
+    episodes = [t for t in TrajectoryStore(run / "trajectories").read() if t.extra.get("iteration") == 0]
+    stats = [token_stats.lookup(run, t) for t in episodes]
+    assert len(episodes) == 4 and all(
+        s and len(s["values"]) == len(t) for s, t in zip(stats, episodes, strict=True)
+    )
+    assert "debug/token_stats_s" in records[0] and "debug/token_stats_s" not in records[1]
     # The run on one page: agentrl report reads what the run wrote.
     assert main(["report", str(out / "quickstart")]) == 0
     page = (out / "quickstart" / "report" / "index.html").read_text()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -181,15 +180,11 @@ def _statuses(record: dict[str, Any]) -> str:
     return ", ".join(f"{s} {counts[s]}" for s in STATUSES if counts.get(s))
 
 
-def episode_page(episode: Episode, path: Path) -> None:
+def episode_page(episode: Episode, path: Path, run_dir: Path) -> None:
     """The replay page of one episode (as ``agentrl replay --id ID --html`` writes it)."""
-    from rich.console import Console
+    from agentrl.replay.html import write
 
-    from agentrl.replay.transcript import transcript
-
-    page = Console(record=True, file=io.StringIO(), width=120, highlight=False)
-    transcript(page, episode, tokens=True)
-    page.save_html(str(path), inline_styles=True)
+    write(episode, path, run_dir)
 
 
 def write(run: str | Path, out: str | Path | None = None) -> Path:
@@ -218,7 +213,7 @@ def write(run: str | Path, out: str | Path | None = None) -> Path:
         items = []
         for e in chosen:
             name = e.id.replace(":", "-") + ".html"
-            episode_page(e, out / "episodes" / name)
+            episode_page(e, out / "episodes" / name, data.path)
             items.append(
                 f'<li><a href="episodes/{html.escape(name)}">{html.escape(e.id)}</a> task '
                 f"{html.escape(e.task)}: {html.escape(e.status)}, reward {e.reward:g}, {e.turns} turns, "

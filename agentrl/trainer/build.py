@@ -100,6 +100,12 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         # to it, and end with rank 0's run
         backend.follow()
         raise SystemExit(0)
+    try:  # for the token view of agentrl replay --html (token texts beside their ids)
+        tokenizer.save_pretrained(str(run_dir / "tokenizer"))
+    except (AttributeError, OSError, TypeError, ValueError) as e:
+        log(
+            f"warning: the tokenizer could not be saved in {run_dir}/tokenizer ({e}); replay shows token ids only"
+        )
     # The inference engine holds its own copy of the weights, synced after every update.
     engine = ENGINES.factory(cfg.engine.kind)(policy, cfg)
     store = TrajectoryStore(run_dir / "trajectories")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from agentrl import token_stats
 from agentrl.config import TrainConfig
 from agentrl.trainer.backend import Batch
 from agentrl.trainer.build import Run, loss_config, rollout_seed, setup
@@ -50,6 +51,11 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         batch.token_weights, filter_metrics = token_weights(batch, cfg.algo)
         # 4. advantages: GAE over trainable tokens, or a group baseline
         batch.advantages, batch.returns, adv_metrics = advantages(batch, cfg.algo)
+        debug = {}
+        if cfg.debug.token_stats_every and it % cfg.debug.token_stats_every == 0:
+            t_stats = time.monotonic()  # what the trainer saw per token, for agentrl replay --html
+            token_stats.write(cfg.run_dir, it, [trajectories[i] for i in kept], batch)
+            debug["debug/token_stats_s"] = time.monotonic() - t_stats
         # 5. critic, then actor (after the critic-only warm-up)
         train_metrics = run.backend.train_critic(batch, loss_config(cfg))
         if it >= cfg.algo.critic_warmup:
@@ -59,7 +65,11 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         # 7. checkpoint, then metrics (a resumed run redoes whatever came after its checkpoint)
         record = {"iteration": it, "tasks": [t.id for t in tasks]}
         record |= (
-            rollout_metrics(trajectories, t1 - t0, version) | filter_metrics | adv_metrics | train_metrics
+            rollout_metrics(trajectories, t1 - t0, version)
+            | filter_metrics
+            | adv_metrics
+            | train_metrics
+            | debug
         )
         record["train_tokens_per_s"] = int(batch.lengths.sum()) / max(time.monotonic() - t1, 1e-9)
         if cfg.metrics.eval_every and (it + 1) % cfg.metrics.eval_every == 0:

@@ -384,12 +384,14 @@ def test_html_is_one_self_contained_page_with_tokens_styled_by_mask(store, tmp_p
     spans = {s.role: s for s in t.turns}
     styles = set()
     for i in (spans["prompt"].start, spans["assistant"].start):
-        m = re.search(rf'<span style="([^"]*)">{t.input_ids[i]}</span>', page)
+        m = re.search(rf'<span class="tok" data-i="{i}" style="([^"]*)">{t.input_ids[i]} </span>', page)
         assert m, i
         styles.add(m.group(1))
-    assert len(styles) == 2  # trained and masked ids styled apart
+    assert len(styles) == 2  # trained and masked ids styled apart (no tokenizer saved: ids shown)
     code, _, err = cli(capsys, store, "--html", out_file)
     assert code == 2 and "needs --id" in err
+    code, _, err = cli(capsys, store, "--id", "w0-00000:1", "--turn", "1", "--html", out_file)
+    assert code == 2 and "the --html page shows every turn" in err
     code, _, err = cli(capsys, store, "--id", "w0-00000:1", "--html", tmp_path / "no" / "x.html")
     assert code == 2 and err.startswith("error: --html ") and "No such file or directory" in err
 

@@ -388,12 +388,14 @@ def _replay(args: argparse.Namespace) -> int:
             raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
         if args.reexec and args.id is None:
             raise ReplayError("--reexec needs --id: which episode to re-execute?")
+        if args.exact and not args.reexec:
+            raise ReplayError("--exact is for --reexec: compare durations that tools print too")
         if args.sandbox is not None and not args.reexec:
             raise ReplayError(f"--sandbox {args.sandbox} is for --reexec: the sandbox to re-execute in")
         if args.id is not None:
             episode = find(episodes, args.id, store)
             if args.reexec:
-                return _reexec(store, episode, args.sandbox)
+                return _reexec(store, episode, args.sandbox, args.exact)
             if args.html is not None:  # transcript and token view, one file with no links out
                 from agentrl.replay.html import write
 
@@ -424,7 +426,7 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reexec(store, episode, sandbox: str | None) -> int:
+def _reexec(store, episode, sandbox: str | None, exact: bool) -> int:
     """``agentrl replay --reexec``: 0 when the env reproduced the episode, 1 at a divergence."""
     import asyncio
 
@@ -438,7 +440,7 @@ def _reexec(store, episode, sandbox: str | None) -> int:
     except ReplayError as e:
         return _error(e)
     print(f"re-executing {episode.id} ({t.env_id}, task {t.task_id}) with {source}")
-    result = asyncio.run(reexec(env, t, task))
+    result = asyncio.run(reexec(env, t, task, exact=exact))
     print("\n".join(describe(result, t)))
     return 0 if result.divergence is None else 1
 
@@ -614,6 +616,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "docker", "local"],
         default=None,
         help="with --reexec: the sandbox backend (default: the run's, or auto for a bare store)",
+    )
+    replay.add_argument(
+        "--exact",
+        action="store_true",
+        help="with --reexec: compare every byte, the durations tools print (e.g. '5 passed in 0.03s') too",
     )
     replay.set_defaults(func=_replay)
 

@@ -5,7 +5,7 @@ One file per recorded iteration, ``RUN/token_stats/iter-NNNNNN.jsonl.gz``, writt
 renamed into place (a crash leaves the previous file or none, never half of one). One line per
 trained episode:
 
-    {"task_id": ..., "sample_index": ..., "length": T,
+    {"task_id": ..., "sample_index": ..., "length": T, "crc": CRC32 of the token ids,
      "logprobs": [...], "weights": [...], "advantages": [...], "values": [...]}
 
 Each array has ``T`` entries aligned with the trajectory's ``input_ids``: the training backend's
@@ -14,8 +14,8 @@ weight (0 = dropped; absent when ``algo.token_filter`` is none), the advantage, 
 (absent without a critic). Entries off the loss mask are 0 and mean nothing. Values are rounded to
 ``DIGITS`` decimals; on disk about 4.5 bytes per token (``benchmarks/token_stats.py``).
 
-An episode's stats are found by its iteration, task, sample and length (a trajectory's extra holds
-the iteration, and the trainer trains each task's samples of an iteration once).
+An episode's stats are found by its iteration (in the trajectory's extra), task, sample, length and
+the CRC32 of its token ids, so that an iteration that samples a task twice keeps both apart.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
+from array import array
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,10 @@ FIELDS = ("logprobs", "weights", "advantages", "values")
 
 def path_of(run_dir: Path, iteration: int) -> Path:
     return Path(run_dir) / DIRNAME / f"iter-{iteration:06d}.jsonl.gz"
+
+
+def crc(ids: list[int]) -> int:
+    return zlib.crc32(array("q", ids).tobytes())
 
 
 def _row(tensor: Any, i: int, n: int) -> list[float] | None:
@@ -49,7 +55,12 @@ def write(run_dir: Path, iteration: int, trajectories: list, batch: Any) -> Path
     lines = []
     for i, t in enumerate(trajectories):
         n = len(t)
-        record: dict[str, Any] = {"task_id": t.task_id, "sample_index": t.sample_index, "length": n}
+        record: dict[str, Any] = {
+            "task_id": t.task_id,
+            "sample_index": t.sample_index,
+            "length": n,
+            "crc": crc(t.input_ids),
+        }
         for name, tensor in zip(
             FIELDS, (batch.old_logprobs, batch.token_weights, batch.advantages, batch.old_values), strict=True
         ):
@@ -65,11 +76,12 @@ def write(run_dir: Path, iteration: int, trajectories: list, batch: Any) -> Path
 
 
 @lru_cache(maxsize=8)
-def _read(path: Path, mtime: float) -> dict[tuple[str, int, int], dict[str, Any]]:
+def _read(path: Path, mtime: float) -> dict[tuple[str, int, int, int], dict[str, Any]]:
     out = {}
     for line in gzip.decompress(path.read_bytes()).decode().splitlines():
         record = json.loads(line)
-        out[(str(record["task_id"]), int(record["sample_index"]), int(record["length"]))] = record
+        key = (str(record["task_id"]), int(record["sample_index"]), int(record["length"]), int(record["crc"]))
+        out[key] = record
     return out
 
 
@@ -83,5 +95,7 @@ def lookup(run_dir: Path, trajectory: Any) -> dict[str, list[float]] | None:
         table = _read(path, path.stat().st_mtime)
     except (OSError, ValueError, KeyError, TypeError):  # none recorded, or a damaged file: no colours
         return None
-    record = table.get((trajectory.task_id, trajectory.sample_index, len(trajectory)))
+    record = table.get(
+        (trajectory.task_id, trajectory.sample_index, len(trajectory), crc(trajectory.input_ids))
+    )
     return None if record is None else {k: record[k] for k in FIELDS if k in record}

@@ -7,7 +7,8 @@ so the env answers them as it did). After each ``step`` the comparison is, in or
 tool call, its exit code and its output (the env's ``info["tool_calls"]`` against the trajectory's
 ``tool_calls`` of that turn); then the observation messages the policy read; when the env ends the
 episode, whether it ends on the same turn and with the same reward. The first difference is the
-divergence. An identical replay says the environment reproduces the episode, so a bad episode is
+divergence. Durations that tools print ("5 passed in 0.03s") are masked before comparing (``VOLATILE``;
+``exact=True`` compares every byte). An identical replay says the environment reproduces the episode, so a bad episode is
 the policy's doing; a divergence on a call whose inputs were the same points at a
 nondeterministic environment (time, randomness, network, state left over between episodes).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
+import re
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -40,6 +42,9 @@ from agentrl.trajectory import Trajectory
 SCAN_LIMIT = 20_000
 """At most this many tasks of each split are searched for a task id (stores written before
 trajectories carried their task's data)."""
+VOLATILE = re.compile(r"\b(in|took) \d+(\.\d+)?\s?(s|ms|seconds)\b")
+"""Wall-clock durations a tool prints ("15 passed in 0.03s", unittest's "Ran 3 tests in 0.001s"):
+they differ on every run, so they are compared as ``<duration>`` unless ``exact``."""
 STEPPED_LAST = {"completed", "max_turns"}
 """Statuses after which the env was stepped on the last assistant turn even when nothing of that
 step was recorded (the loop breaks before stepping on truncation, an abort, an engine error)."""
@@ -133,24 +138,38 @@ def find_task(env: AgentEnv, t: Trajectory, splits: list[str]) -> Task:
     )
 
 
-def _text(messages: list[dict]) -> list[dict]:
-    """Messages as the policy read them (role, name, content), for comparison."""
-    return [{k: m.get(k) for k in ("role", "name", "content") if m.get(k) is not None} for m in messages]
+def _same(a: Any, b: Any, exact: bool) -> bool:
+    if exact or not isinstance(a, str) or not isinstance(b, str):
+        return a == b
+    return VOLATILE.sub(r"\1 <duration>", a) == VOLATILE.sub(r"\1 <duration>", b)
 
 
-def _call_divergence(turn: int, recorded: list[dict], now: list[dict]) -> Divergence | None:
+def _text(messages: list[dict], exact: bool = True) -> list[dict]:
+    """Messages as the policy read them (role, name, content), for comparison (durations masked
+    unless ``exact``)."""
+    out = []
+    for m in messages:
+        kept = {k: m.get(k) for k in ("role", "name", "content") if m.get(k) is not None}
+        if not exact and isinstance(kept.get("content"), str):
+            kept["content"] = VOLATILE.sub(r"\1 <duration>", kept["content"])
+        out.append(kept)
+    return out
+
+
+def _call_divergence(turn: int, recorded: list[dict], now: list[dict], exact: bool) -> Divergence | None:
     for i, (old, new) in enumerate(zip(recorded, now, strict=False), 1):
         name = str(old.get("name") or new.get("name") or "")
         for key in ("exit_code", "output"):
-            if key in old and old.get(key) != new.get(key):
+            if key in old and not _same(old.get(key), new.get(key), exact):
                 return Divergence(turn, key, old.get(key), new.get(key), call=i, name=name)
     if len(recorded) != len(now):
         return Divergence(turn, "calls", len(recorded), len(now))
     return None
 
 
-async def reexec(env: AgentEnv, t: Trajectory, task: Task) -> Replayed:
-    """Step ``env`` through ``t``'s recorded tool calls on ``task``; stop at the first divergence."""
+async def reexec(env: AgentEnv, t: Trajectory, task: Task, *, exact: bool = False) -> Replayed:
+    """Step ``env`` through ``t``'s recorded tool calls on ``task``; stop at the first divergence.
+    Durations printed by tools are not compared (``VOLATILE``) unless ``exact``."""
     out = Replayed()
     calls_of: dict[int, list[dict]] = {}
     for call in t.tool_calls:
@@ -159,7 +178,7 @@ async def reexec(env: AgentEnv, t: Trajectory, task: Task) -> Replayed:
     at = 0  # the turn being run (0: the reset)
     try:
         obs = await env.reset(task)
-        if _text(obs.messages) != _text(prompt_messages(t)):
+        if _text(obs.messages, exact) != _text(prompt_messages(t), exact):
             out.divergence = Divergence(0, "observation", _text(prompt_messages(t)), _text(obs.messages))
             return out
         for k, (message, after) in enumerate(turns):
@@ -177,7 +196,7 @@ async def reexec(env: AgentEnv, t: Trajectory, task: Task) -> Replayed:
                 result = await env.step(calls)
             out.turns, out.calls = k + 1, out.calls + len(calls)
             now_calls = list(result.info.get("tool_calls", []))
-            if d := _call_divergence(k + 1, calls_of.get(k, []), now_calls):
+            if d := _call_divergence(k + 1, calls_of.get(k, []), now_calls, exact):
                 out.divergence = d
                 return out
             if result.done:
@@ -191,7 +210,7 @@ async def reexec(env: AgentEnv, t: Trajectory, task: Task) -> Replayed:
                 elif out.reward != t.reward and t.status == "completed":
                     out.divergence = Divergence(k + 1, "reward", t.reward, out.reward)
                 return out
-            if _text(result.observation) != _text(after):
+            if _text(result.observation, exact) != _text(after, exact):
                 out.divergence = Divergence(k + 1, "observation", _text(after), _text(result.observation))
                 return out
             if last and t.status == "completed":

@@ -8,8 +8,10 @@ once the run has ended; ``config.json``; the trajectory store) and writes, into 
   error band, training success, and how the episodes ended (the run's own learning curve);
 - ``diagnostics.png``: reward, the IcePop masked fraction, the actor's clip fraction and
   approximate KL, the critic's explained variance, and throughput, per iteration;
-- ``episodes/<id>.html``: the replay page (``agentrl replay --id ID --html``) of the best and the
-  worst episodes of the last iteration that has stored episodes;
+- ``episodes.png``: histograms of the stored training episodes' rewards, turns and tokens;
+- ``episodes/<id>.html``: the replay page (``agentrl replay --id ID --html``) of every episode the
+  page links: the last iteration's (up to ``LIST_MAX``), its best and worst, and the episodes with
+  the largest mean |trainer − rollout log-prob| where the run recorded per-token stats;
 - ``index.html``: the page: held-out success before and after with its noise, the figures (inline,
   so the page is one file that reads anywhere), a table per iteration (reward, success, statuses,
   IcePop, clip, KL, explained variance, tokens/s), the links to the episode pages, the config.
@@ -33,6 +35,8 @@ from agentrl.trajectory import STATUSES, succeeded
 
 EPISODES_EACH = 3
 """Best and worst episodes linked from the page, each."""
+LIST_MAX = 64
+"""Episodes of the last iteration listed (each with its replay page)."""
 COLUMNS = (  # (header, metrics key, format)
     ("reward", "reward_mean", "{:.3f}"),
     ("success", "success_rate", "{:.3f}"),
@@ -163,6 +167,54 @@ def diagnostics_png(records: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def episodes_png(episodes: list[Episode], path: Path) -> bool:
+    """Histograms of the stored training episodes: reward, assistant turns, tokens."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(10.5, 2.6))
+    for ax, (title, values) in zip(
+        axes,
+        (
+            ("reward", [e.reward for e in episodes]),
+            ("assistant turns", [e.turns for e in episodes]),
+            ("tokens", [e.tokens for e in episodes]),
+        ),
+        strict=True,
+    ):
+        if values:
+            ax.hist(values, bins=min(20, max(1, len(set(values)))), color="C0")
+        else:
+            ax.text(0.5, 0.5, "no episodes", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(f"{title} ({len(values)} episodes)", fontsize=9)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def logprob_gap(run_dir: Path, episode: Episode) -> float | None:
+    """Mean |trainer − rollout log-prob| over the episode's trained tokens, where the run recorded
+    its token stats (``debug.token_stats_every``); None elsewhere."""
+    from agentrl import token_stats
+
+    if episode.iteration is None or not token_stats.path_of(run_dir, episode.iteration).is_file():
+        return None
+    t = episode.trajectory()
+    stats = token_stats.lookup(run_dir, t)
+    if not stats or "logprobs" not in stats:
+        return None
+    gaps = [
+        abs(a - b) for a, b, m in zip(stats["logprobs"], t.rollout_logprobs, t.loss_mask, strict=False) if m
+    ]
+    return sum(gaps) / len(gaps) if gaps else None
+
+
 def _img(path: Path, alt: str) -> str:
     if not path.is_file():
         return f"<p><em>{html.escape(alt)}: not drawn (matplotlib is not installed)</em></p>"
@@ -207,19 +259,43 @@ def write(run: str | Path, out: str | Path | None = None) -> Path:
     plot_curve(records, out / "curve.png", before, after, n_eval=data.n_eval)
     diagnostics_png(records, out / "diagnostics.png")
 
+    training = [e for e in data.episodes if e.iteration is not None]
+    episodes_png(training, out / "episodes.png")
+    pages: dict[str, str] = {}
+
+    def link(e: Episode) -> str:
+        if e.id not in pages:
+            pages[e.id] = e.id.replace(":", "-") + ".html"
+            episode_page(e, out / "episodes" / pages[e.id], data.path)
+        return f'<a href="episodes/{html.escape(pages[e.id])}">{html.escape(e.id)}</a>'
+
+    def item(e: Episode, gap: float | None = None) -> str:
+        more = f", mean |log-prob gap| {gap:.4f}" if gap is not None else ""
+        return (
+            f"<li>{link(e)} task {html.escape(e.task)}: {html.escape(e.status)}, reward {e.reward:g}, "
+            f"{e.turns} turns, {e.tokens} tokens{more}</li>"
+        )
+
     best, worst = chosen_episodes(data.episodes)
-    links = {}
-    for group, chosen in (("best", best), ("worst", worst)):
-        items = []
-        for e in chosen:
-            name = e.id.replace(":", "-") + ".html"
-            episode_page(e, out / "episodes" / name, data.path)
-            items.append(
-                f'<li><a href="episodes/{html.escape(name)}">{html.escape(e.id)}</a> task '
-                f"{html.escape(e.task)}: {html.escape(e.status)}, reward {e.reward:g}, {e.turns} turns, "
-                f"{e.tokens} tokens</li>"
-            )
-        links[group] = "\n".join(items) or "<li>no stored episodes</li>"
+    links = {
+        "best": "\n".join(item(e) for e in best) or "<li>no stored episodes</li>",
+        "worst": "\n".join(item(e) for e in worst) or "<li>no stored episodes</li>",
+    }
+    its = [e.iteration for e in training]
+    last = [e for e in training if e.iteration == max(its)] if its else []
+    shown = last[:LIST_MAX]
+    listed = "\n".join(
+        f"<tr><td>{link(e)}</td><td>{html.escape(e.task)}</td><td>{html.escape(e.status)}</td>"
+        f"<td>{e.reward:g}</td><td>{e.turns}</td><td>{e.tokens}</td><td>{e.trained}</td></tr>"
+        for e in shown
+    )
+    if len(last) > len(shown):
+        listed += f"<tr><td colspan=7>… {len(last) - len(shown)} more (agentrl replay lists them)</td></tr>"
+    gaps = [(g, e) for e in training if (g := logprob_gap(data.path, e)) is not None]
+    gaps.sort(key=lambda x: -x[0])
+    by_gap = "\n".join(item(e, g) for g, e in gaps[:EPISODES_EACH]) or (
+        "<li>no per-token stats recorded (train with debug.token_stats_every=N)</li>"
+    )
 
     name = html.escape((data.config.get("run") or {}).get("name") or data.path.name)
     n = data.n_eval
@@ -265,12 +341,19 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}pre{{font-size:12
 <table>
 {chr(10).join(rows)}
 </table>
-<h2>Episodes of the last iteration</h2>
-<h3>best</h3><ul>
+<h2>Episodes</h2>
+{_img(out / "episodes.png", "episodes")}
+<h3>best of the last iteration</h3><ul>
 {links["best"]}
-</ul><h3>worst</h3><ul>
+</ul><h3>worst of the last iteration</h3><ul>
 {links["worst"]}
+</ul><h3>largest gap between the trainer's and the rollout's log-probs</h3><ul>
+{by_gap}
 </ul>
+<h3>the last iteration's episodes</h3>
+<table><tr><th>episode</th><th>task</th><th>status</th><th>reward</th><th>turns</th><th>tokens</th><th>trained</th></tr>
+{listed or "<tr><td colspan=7>no stored episodes</td></tr>"}
+</table>
 <p>Successful episodes (reward {1.0:g}) in the store: {sum(succeeded(e.reward) for e in data.episodes)} of {len(data.episodes)}.</p>
 <h2>Config</h2>
 <details><summary>config.json</summary><pre>{config}</pre></details>

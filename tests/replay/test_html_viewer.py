@@ -103,7 +103,7 @@ def test_the_page_in_chromium_shows_every_turn_and_recolours_tokens_by_mode(run,
         )
         seen["tokens"] = await page.eval("document.querySelectorAll('.tok').length")
         seen["title"] = await page.eval(
-            "document.querySelector('.tok[data-i=\"%d\"]').title" % t.turns[1].start
+            f"document.querySelector('.tok[data-i=\"{t.turns[1].start}\"]').title"
         )
         for mode in ("mask", "gap", "weight", "advantage", "value"):
             await page.eval(f"document.querySelector('input[value={mode}]').click()")

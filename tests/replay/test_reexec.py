@@ -224,3 +224,27 @@ def test_a_bugfix_episode_replays_identically_until_its_task_file_is_altered(
     out = capsys.readouterr().out
     assert "first divergence: turn 2, call 1 (str_replace_editor): output differs" in out
     assert "+     1\t# altered" in out and "replayed 2 turns, 2 tool calls" in out
+
+
+def test_durations_tools_print_are_not_divergences_unless_exact(tok):
+    """pytest and unittest print their wall-clock time; it differs on every run."""
+
+    class TimedEnv(EchoEnv):
+        runs = 0
+
+        async def step(self, tool_calls):
+            TimedEnv.runs += 1
+            result = await super().step(tool_calls)
+            result.info["tool_calls"] = [
+                {
+                    "name": "bash",
+                    "output": f"3 passed in 0.0{TimedEnv.runs}s\nRan 3 tests in 0.00{TimedEnv.runs}s",
+                    "exit_code": 0,
+                }
+            ]
+            return result
+
+    t = episode(tok, TimedEnv(2), [bash("pytest")])
+    assert asyncio.run(reexec(TimedEnv(2), t, Task("train-2", {"n": 2}))).divergence is None
+    exact = asyncio.run(reexec(TimedEnv(2), t, Task("train-2", {"n": 2}), exact=True)).divergence
+    assert (exact.turn, exact.what) == (1, "output")

@@ -54,7 +54,9 @@ def episodes():
         out = []
         for reward, turns in ((1.0, 2), (0.5, 2), (0.0, 2), (1.0, 9)):
             env = EchoEnv(turns, reward=reward)
-            t = await run_episode(env, FixedEngine([eot]), tok, Task("train-1"), LoopConfig(max_turns=3))
+            t = await run_episode(
+                env, FixedEngine([eot]), tok, Task("train-1"), LoopConfig(max_turns=3), sample_index=len(out)
+            )
             out.append(t)
         return out
 
@@ -105,9 +107,10 @@ def test_the_page_holds_the_held_out_noise_the_table_figures_and_episode_links(r
     assert "<td>0.0030" in rows[1][1] and "completed 3, max_turns 1" in rows[0][1]
     # both figures inline, as PNG; the files beside the page too
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == 2 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
-    assert (run / "report" / "curve.png").is_file() and (run / "report" / "diagnostics.png").is_file()
-    diagnostics = drawn[-1]
+    assert len(images) == 3 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    for png in ("curve.png", "diagnostics.png", "episodes.png"):
+        assert (run / "report" / png).is_file()
+    diagnostics = drawn[1]
     assert [ax.get_title() for ax in diagnostics.axes] == [title for title, _ in PANELS]
     # the last iteration's episodes: best = highest reward, then fewer tokens; worst = reward 0
     links = re.findall(
@@ -119,12 +122,39 @@ def test_the_page_holds_the_held_out_noise_the_table_figures_and_episode_links(r
     for href, episode_id, *_ in links:
         assert episode_id.startswith("w0-00000:") and episode_id not in ("w0-00000:1", "w0-00000:2")
         assert "turn 1" in (run / "report" / href).read_text()
+    # the last iteration's four episodes listed, each with its page; the histograms of all six
+    listed = re.findall(r'<tr><td><a href="episodes/([^"]+)">(w0-00000:\d)</a>', page)
+    assert [i for _, i in listed] == [f"w0-00000:{k}" for k in (3, 4, 5, 6)]
+    histograms = drawn[2]
+    assert [ax.get_title() for ax in histograms.axes] == [
+        "reward (6 episodes)",
+        "assistant turns (6 episodes)",
+        "tokens (6 episodes)",
+    ]
+    assert "no per-token stats recorded (train with debug.token_stats_every=N)" in page
+
+
+def test_the_episodes_with_the_largest_log_prob_gap_are_named_where_stats_were_recorded(run, episodes):
+    """Token stats for iteration 1 with a gap that grows with the episode's row: the last is worst."""
+    import torch
+
+    from agentrl import token_stats
+    from agentrl.trainer.backend import Batch
+
+    batch = Batch.from_trajectories(episodes)
+    batch.old_logprobs = batch.rollout_logprobs + torch.arange(len(episodes))[:, None] * 0.1 * batch.loss_mask
+    token_stats.write(run, 1, episodes, batch)
+    assert main(["report", str(run)]) == 0
+    page = (run / "report" / "index.html").read_text()
+    section = page.split("largest gap between the trainer's and the rollout's log-probs")[1].split("</ul>")[0]
+    found = re.findall(r">(w0-00000:\d)</a>.*?mean \|log-prob gap\| ([\d.]+)", section)
+    assert found == [("w0-00000:6", "0.3000"), ("w0-00000:5", "0.2000"), ("w0-00000:4", "0.1000")]
 
 
 def test_a_metric_the_run_did_not_record_is_said_so(run, drawn):
     (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "reward_mean": 0.1}) + "\n")
     assert main(["report", str(run), "--out", str(run / "elsewhere")]) == 0
-    texts = [t.get_text() for ax in drawn[-1].axes for t in ax.texts]
+    texts = [t.get_text() for ax in drawn[1].axes for t in ax.texts]  # the diagnostics figure
     assert texts.count("not recorded") == len(PANELS) - 1
     assert (run / "elsewhere" / "index.html").is_file()
 

@@ -388,6 +388,10 @@ def _replay(args: argparse.Namespace) -> int:
             raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
         if args.reexec and args.id is None:
             raise ReplayError("--reexec needs --id: which episode to re-execute?")
+        if args.from_turn is not None and args.id is None:
+            raise ReplayError(f"--from-turn {args.from_turn} needs --id: which episode to branch?")
+        if args.set and args.from_turn is None:
+            raise ReplayError(f"--set {args.set[0]} is for --from-turn: the settings of the re-run")
         if args.exact and not args.reexec:
             raise ReplayError("--exact is for --reexec: compare durations that tools print too")
         if args.sandbox is not None and not args.reexec:
@@ -396,6 +400,8 @@ def _replay(args: argparse.Namespace) -> int:
             episode = find(episodes, args.id, store)
             if args.reexec:
                 return _reexec(store, episode, args.sandbox, args.exact)
+            if args.from_turn is not None:
+                return _branch(store, episode, args.from_turn, args.set or [], args.seed)
             if args.html is not None:  # transcript and token view, one file with no links out
                 from agentrl.replay.html import write
 
@@ -423,6 +429,25 @@ def _replay(args: argparse.Namespace) -> int:
         return 1
     counts = list_view(sys.stdout, shown)
     print(summary_line(counts, damage) + (f" of {len(episodes)}" if keep else ""))
+    return 0
+
+
+def _branch(store, episode, from_turn: int, overrides: list[str], seed: int | None) -> int:
+    """``agentrl replay RUN --id ID --from-turn N``: the policy re-runs the episode from turn N."""
+    import asyncio
+
+    from agentrl.replay.branch import branch
+    from agentrl.replay.episodes import ReplayError
+
+    try:
+        new, new_id, weights = asyncio.run(branch(store, episode, from_turn, overrides, seed))
+    except ReplayError as e:
+        return _error(e)
+    t = episode.trajectory()
+    print(f"re-ran {episode.id} from turn {from_turn} with {weights}")
+    print(f"  original {episode.id}: {t.status}, reward {t.reward:g}, {len(t)} tokens")
+    print(f"  branch   {new_id}: {new.status}, reward {new.reward:g}, {len(new)} tokens")
+    print(f"stored beside it; `agentrl replay {store} --id {new_id}` shows it")
     return 0
 
 
@@ -617,6 +642,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --reexec: the sandbox backend (default: the run's, or auto for a bare store)",
     )
+    replay.add_argument(
+        "--from-turn",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --id, in a run directory: replay the recorded turns before N, let the policy generate "
+        "from turn N on (by default with the weights that sampled the episode) and store the branch beside it",
+    )
+    replay.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="with --from-turn: a run setting for the re-run, e.g. --set engine.kind=sglang "
+        "--set rollout.temperature=0 --set model.init=runs/x/checkpoints/iter-000006",
+    )
+    replay.add_argument("--seed", type=int, default=None, help="with --from-turn: the sampling seed")
     replay.add_argument(
         "--exact",
         action="store_true",

@@ -4,12 +4,14 @@ demonstrations and trains through ``agentrl train`` like the built-in one."""
 
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 import agentrl.env as env_module
 from agentrl.cli import main
+from agentrl.replay.episodes import read
 from agentrl.store import TrajectoryStore
 from tests.conftest import fake_distribution
 
@@ -85,11 +87,21 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
         s and len(s["values"]) == len(t) for s, t in zip(stats, episodes, strict=True)
     )
     assert "debug/token_stats_s" in records[0] and "debug/token_stats_s" not in records[1]
+    # An episode of iteration 1 re-run by the policy from its turn 2, with the weights that sampled it.
+    original = next(e for e in read(run / "trajectories")[0] if e.iteration == 1 and e.turns >= 2)
+    assert main(["replay", str(run), "--id", original.id, "--from-turn", "2", "--seed", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert f"re-ran {original.id} from turn 2 with the weights that sampled it (iter-000001)" in printed
+    branch = next(e for e in read(run / "trajectories")[0] if e.id.startswith("replay-"))
+    assert branch.extra["branch_of"] == original.id and branch.extra["from_turn"] == 2
+    old, new = original.trajectory(), branch.trajectory()
+    cut = [s for s in old.turns if s.role == "assistant"][1].start
+    assert new.input_ids[:cut] == old.input_ids[:cut] and new.task_id == old.task_id
     # The run on one page: agentrl report reads what the run wrote.
     assert main(["report", str(out / "quickstart")]) == 0
     page = (out / "quickstart" / "report" / "index.html").read_text()
     assert f"held-out success</b> (4 tasks, greedy): {summary['eval_before']:.3f}" in page
-    assert page.count("<tr><td>") == 2 and 'href="episodes/w0-' in page
+    assert len(re.findall(r"<tr><td>\d+</td>", page)) == 2 and 'href="episodes/w0-' in page
 
 
 def test_a_plugin_that_fails_to_load_is_named_when_its_env_is_asked_for(tmp_path, monkeypatch):

@@ -1,0 +1,60 @@
+"""agentrl replay RUN --id ID --from-turn N: the recorded turns before N replayed, the policy from N."""
+
+import asyncio
+
+import pytest
+
+from agentrl.env import Task
+from agentrl.models import tiny_tokenizer
+from agentrl.replay.branch import PrefixEngine, sampling_weights
+from agentrl.rollout.agent_loop import LoopConfig, run_episode
+from tests.rollout.fakes import EchoEnv, FixedEngine
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def ids(tok, text):
+    return [*tok.encode(text, add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_the_branch_keeps_the_recorded_turns_before_n_and_generates_from_n(tok):
+    task = Task("train-1")
+    recorded = asyncio.run(run_episode(EchoEnv(4), FixedEngine(ids(tok, "first")), tok, task, LoopConfig()))
+    spans = [s for s in recorded.turns if s.role == "assistant"]
+    assert len(spans) == 4
+    policy = FixedEngine(ids(tok, "other words"))
+    engine = PrefixEngine(recorded, 3, policy)
+    branch = asyncio.run(run_episode(EchoEnv(4), engine, tok, task, LoopConfig()))
+    assert engine.diverged is None and len(policy.calls) == 2  # turns 3 and 4
+    cut = spans[2].start
+    assert branch.input_ids[:cut] == recorded.input_ids[:cut]
+    assert branch.rollout_logprobs[:cut] == recorded.rollout_logprobs[:cut]
+    new = [s for s in branch.turns if s.role == "assistant"][2]
+    assert branch.input_ids[new.start : new.end] == ids(tok, "other words")
+    assert policy.calls[0] == recorded.input_ids[:cut]  # the policy saw the recorded prompt
+
+
+def test_an_env_that_answers_differently_before_n_stops_the_branch(tok):
+    task = Task("train-1")
+    recorded = asyncio.run(run_episode(EchoEnv(4), FixedEngine(ids(tok, "first")), tok, task, LoopConfig()))
+    engine = PrefixEngine(recorded, 3, FixedEngine(ids(tok, "x")))
+    branch = asyncio.run(run_episode(EchoEnv(4, obs_text="changed"), engine, tok, task, LoopConfig()))
+    assert engine.diverged == 2 and branch.status == "engine_error"
+
+
+def test_the_weights_that_sampled_an_episode_are_chosen_when_kept(tmp_path):
+    for name in ("iter-000002", "iter-000004"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "backend.pt").write_bytes(b"")
+    assert sampling_weights(tmp_path, 2) == (
+        str(tmp_path / "checkpoints/iter-000002"),
+        "the weights that sampled it (iter-000002)",
+    )
+    init, why = sampling_weights(tmp_path, 3)
+    assert init == str(tmp_path / "checkpoints/iter-000004") and "the sampling one is not kept" in why
+    assert sampling_weights(tmp_path, 0)[0] == str(tmp_path / "checkpoints/iter-000004")
+    (tmp_path / "warm_start.pt").write_bytes(b"")
+    assert sampling_weights(tmp_path, 0)[0] == str(tmp_path / "warm_start.pt")

@@ -476,8 +476,12 @@ main(load_config(TrainConfig, None, sys.argv[1:]))
 """
 
 
-def test_kill_9_mid_iteration_then_resume_loses_and_repeats_no_batch(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_kill_9_mid_iteration_then_resume_loses_and_repeats_no_batch(tmp_path, backend):
+    if backend == "megatron":
+        pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
     args = [*TOY, "run.iterations=6", "env.eval_tasks=2", "rollout.tasks_per_iteration=6"]
+    args.append(f"trainer.backend={backend}")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def run(out, *extra):

@@ -50,6 +50,7 @@ pre.transcript{font-size:12px;background:#fafafa;padding:8px;overflow-x:auto}
 .tokens{font-family:monospace;font-size:12px;line-height:1.7;white-space:pre-wrap;word-break:break-all}
 .tok{border-radius:2px;padding:0 1px;margin-right:1px}
 .tok.dropped{text-decoration:line-through;outline:1px solid #c00}
+#controls{position:sticky;top:0;background:#fff;z-index:1;padding-bottom:2px}
 #legend{font-size:12px;color:#333;margin:.3em 0}
 fieldset{font-size:13px}
 label.off{color:#999}
@@ -187,8 +188,8 @@ def page(
 <h2>Transcript</h2>
 {_transcript_html(episode)}
 <h2>Tokens</h2>
-<fieldset id="modes"><legend>colour by</legend>{" ".join(controls)}</fieldset>
-<div id="legend"></div>
+<div id="controls"><fieldset id="modes"><legend>colour by</legend>{" ".join(controls)}</fieldset>
+<div id="legend"></div></div>
 {"".join(sections)}
 <script type="application/json" id="episode-data">{payload}</script>
 <script>{script}</script>

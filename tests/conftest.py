@@ -57,3 +57,19 @@ def fake_distribution(root, name: str, entry_points: str) -> None:
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(entry_points)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The matplotlib figures the test saves, in order (each kept after it is written)."""
+    import matplotlib.figure
+
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return figures

@@ -29,6 +29,9 @@ PACKAGES = (
     ("voluptuous", "0.16.0", "voluptuous-0.16.0.tar.gz", "test", ""),
 )
 
+PER_FUNCTION = {"parse": 2}
+"""Mutants tried per function where one each is not enough for 25 tasks (parse is one module)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             split=split,
             sandboxes=args.sandbox,
             test_args=extra,
+            per_function=PER_FUNCTION.get(name, 1),
         )
         # and a few harder tasks: two of those bugs in one file at once
         both = combine(

@@ -6,7 +6,6 @@ import base64
 import json
 import re
 
-import matplotlib.figure
 import pytest
 
 from agentrl.cli import main
@@ -80,19 +79,6 @@ def run(tmp_path, episodes):
     )
     (run / "config.json").write_text(json.dumps({"run": {"name": "r1"}, "env": {"id": "echo-v0"}}))
     return run
-
-
-@pytest.fixture
-def drawn(monkeypatch):
-    figures = []
-    save = matplotlib.figure.Figure.savefig
-
-    def keep(self, *args, **kwargs):
-        figures.append(self)
-        return save(self, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
-    return figures
 
 
 def test_the_page_holds_the_held_out_noise_the_table_figures_and_episode_links(run, capsys, drawn):

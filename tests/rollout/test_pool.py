@@ -70,7 +70,8 @@ class FaultyEngine:
         return True
 
 
-@pytest.mark.parametrize("backend", ["local", "docker"])
+# Docker's case runs in the slow suite (make test-slow): a minute, for the pool's code shared by both.
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.slow)])
 def test_64_concurrent_episodes_with_faults(backend, tmp_path):
     if backend == "docker":
         require_docker()

@@ -476,7 +476,8 @@ main(load_config(TrainConfig, None, sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
+# The Megatron backend's case runs in the slow suite (make test-slow): 80 s of three runs.
+@pytest.mark.parametrize("backend", ["torch", pytest.param("megatron", marks=pytest.mark.slow)])
 def test_kill_9_mid_iteration_then_resume_loses_and_repeats_no_batch(tmp_path, backend):
     if backend == "megatron":
         pytest.importorskip("megatron.core", reason="the megatron extra is not installed")

@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -85,7 +86,8 @@ class Page:
 
 async def open_page(path: Path, check):
     """Start the browser, open ``path`` and run ``await check(page)``; the browser is stopped after."""
-    with tempfile.TemporaryDirectory(prefix="agentrl-chromium-") as profile:
+    # The profile may still be written to by a dying renderer: its removal must not fail the test.
+    with tempfile.TemporaryDirectory(prefix="agentrl-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [
                 chromium(),
@@ -100,6 +102,7 @@ async def open_page(path: Path, check):
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the browser and every helper process it starts: one group to stop
         )
         try:
             port_file = Path(profile) / "DevToolsActivePort"
@@ -120,8 +123,26 @@ async def open_page(path: Path, check):
                     await page.wait_for("Page.loadEventFired")
                     return await check(page)
         finally:
-            proc.terminate()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """The browser's whole process group ended (renderers and GPU helpers too), so that none is left
+    to take the CPU from the tests after this one."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
             try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            proc.poll()
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    proc.poll()

@@ -82,8 +82,17 @@ def test_500_episodes_through_10_percent_faults_all_end_and_retries_equal_the_fa
     injected = sum(proxy.injected.values())
     assert 0.06 * calls < injected < 0.14 * calls, (injected, calls)
     assert all(proxy.injected[k] > 0 for k in CAUSES), proxy.injected
-    # Each injected fault was met by exactly one retry of its cause, and nothing else was retried.
-    assert {CAUSES[k]: n for k, n in proxy.injected.items()} == dict(+engine.stats["retries"])
+    # Each injected fault was met by a retry of its cause. Not always exactly one: a fault drawn for
+    # a request the client has already given up on (past its timeout, on a CPU shared with 64
+    # episodes) is met by a retry of that other cause instead; seen once in about ten runs.
+    # A call the upstream failed to answer the proxy is cut like a drop (proxy.upstream_errors, about
+    # 1 in 500 calls here): a connection retry too.
+    retries = engine.stats["retries"]
+    assert proxy.upstream_errors <= 0.01 * calls, proxy.upstream_errors
+    for kind, n in proxy.injected.items():
+        extra = proxy.upstream_errors if kind == "drop" else 0
+        assert abs(retries[CAUSES[kind]] - n - extra) <= 2, (kind, n, extra, dict(retries))
+    assert set(retries) <= set(CAUSES.values()), dict(retries)  # nothing else was retried
     assert engine.stats["failed"] == sum(t.status == "engine_error" for t in trajectories) == 0
     assert not errors, errors[:3]
 

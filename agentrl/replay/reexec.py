@@ -36,6 +36,7 @@ from typing import Any
 
 from agentrl.env import AgentEnv, Task
 from agentrl.replay.episodes import ReplayError
+from agentrl.replay.transcript import _turn_messages
 from agentrl.tools import ToolCall
 from agentrl.trajectory import Trajectory
 
@@ -83,22 +84,11 @@ class Replayed:
 
 def assistant_turns(t: Trajectory) -> list[tuple[dict, list[dict]]]:
     """Per assistant message: it and the messages that followed it (the observation it got)."""
-    turns: list[tuple[dict, list[dict]]] = []
-    for m in t.messages:
-        if m.get("role") == "assistant":
-            turns.append((m, []))
-        elif turns:
-            turns[-1][1].append(m)
-    return turns
+    return _turn_messages(t.messages)[1]
 
 
 def prompt_messages(t: Trajectory) -> list[dict]:
-    out = []
-    for m in t.messages:
-        if m.get("role") == "assistant":
-            break
-        out.append(m)
-    return out
+    return _turn_messages(t.messages)[0]
 
 
 def recorded_calls(message: dict) -> list[ToolCall]:

@@ -1,5 +1,5 @@
 # agentrl command runner, run by bash as root inside a Docker sandbox:
-#     bash RUNNER TIMEOUT CAP NONCE OUTDIR UID GID CMD
+#     bash RUNNER TIMEOUT CAP NONCE OUTDIR UID GID CMD [CMD ...]
 #
 # Why a runner: a plain exec of CMD has no timeout, stalls while any background process it
 # started holds its output stream, and cannot tell an OOM kill or a fork bomb from a normal exit.
@@ -16,7 +16,10 @@
 #  - prints CMD's output (head and tail only when above CAP bytes), then one trailer line
 #    (and keeps the same bytes in OUTDIR/NONCE.result for a caller whose stream was lost):
 #    NONCE EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES PIDS_EXHAUSTED
-timeout_s=$1 cap=$2 nonce=$3 outdir=$4 uid=$5 gid=$6 cmd=$7
+timeout_s=$1 cap=$2 nonce=$3 outdir=$4 uid=$5 gid=$6
+# A long CMD comes in pieces: one argument of a program may hold at most 128 KiB (MAX_ARG_STRLEN)
+shift 6
+printf -v cmd %s "$@"
 out="$outdir/$nonce"
 exec 2>/dev/null  # the runner's own stderr (job notices) must not mix into the command's output
 
@@ -123,14 +126,22 @@ mkfifo -m 600 "$out.tick"
 ) > /dev/null 2>&1 < /dev/null &
 dog=$!
 set -m  # job control: the command below gets a process group of its own
-"${as_user[@]}" bash -c "$cmd" > "$out" 2>&1 < /dev/null &
+if [ "${#cmd}" -gt 30000 ]; then
+    # too long for `bash -c` (one argument): bash reads it from a file, opened here and handed down
+    # as fd 3 (the user cannot reach OUTDIR by path; the script closes fd 3 first)
+    printf 'exec 3<&-; %s' "$cmd" > "$out.cmd"
+    chmod 444 "$out.cmd"
+    "${as_user[@]}" bash /dev/fd/3 3< "$out.cmd" > "$out" 2>&1 < /dev/null &
+else
+    "${as_user[@]}" bash -c "$cmd" > "$out" 2>&1 < /dev/null &
+fi
 pid=$!
 cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
     kill -KILL -- "-$pid"
     kill -TERM "$dog"
     wait "$dog"
     reap new
-    rm -f "$out" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
+    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
     exit 143
 }
 trap cancel TERM
@@ -162,6 +173,6 @@ fi
 oom_killed=0
 [ "$oom" -gt "$oom_before" ] && oom_killed=1
 printf '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted" >> "$out.result"
-rm -f "$out" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
+rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
 find "$outdir" -name '*.result' -mmin +10 -delete 2>/dev/null
 exec cat "$out.result"

@@ -83,6 +83,25 @@ MOUNT_RACE = "Unable to apply mount flags"
 MOUNT_RACE_TRIES = 6
 MOUNT_RACE_PAUSE = 0.05
 # Moves the shell into the cgroups whose cgroup.procs files come before "--", then runs the rest.
+LONG_COMMAND = 30_000
+"""Characters above which a command goes to bash in a file: one argument of a program holds at most
+128 KiB (MAX_ARG_STRLEN), and ``bash -c CMD`` is one."""
+
+
+@contextlib.contextmanager
+def _script(cmd: str):
+    """None for a short command; else the fd of an unnamed file holding it, readable by the sandbox's
+    user through /dev/fd (the script closes that fd first, so nothing it starts inherits it)."""
+    if len(cmd) <= LONG_COMMAND:
+        yield None
+        return
+    with tempfile.TemporaryFile() as f:
+        f.write(f"exec {f.fileno()}<&-; {cmd}".encode("utf-8", errors="surrogateescape"))
+        f.flush()
+        os.fchmod(f.fileno(), 0o444)
+        yield f.fileno()
+
+
 JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 
 
@@ -526,7 +545,7 @@ class LocalSandbox(AsyncStartClose):
             )
         return str(target)
 
-    async def _spawn(self, argv: list[str], cwd: str, env, timeout: float, stdout, stdin=None):
+    async def _spawn(self, argv: list[str], cwd: str, env, timeout: float, stdout, stdin=None, pass_fds=()):
         """Start ``argv`` as the sandbox runs commands (namespaces, user, limits); returns the process."""
         full, preexec = self._launch(self._argv(argv, cwd), timeout)
         proc = await asyncio.create_subprocess_exec(
@@ -538,6 +557,7 @@ class LocalSandbox(AsyncStartClose):
             stderr=subprocess.STDOUT if stdout is not subprocess.PIPE else subprocess.PIPE,
             start_new_session=True,
             preexec_fn=preexec,
+            pass_fds=pass_fds,
         )
         self._procs.add(proc)
         return proc
@@ -608,8 +628,12 @@ class LocalSandbox(AsyncStartClose):
         oom_before = self._cgroup.oom_kills() if self._cgroup else 0
         pids_before = self._cgroup.pids_refused() if self._cgroup else 0
         for attempt in range(MOUNT_RACE_TRIES):
-            with tempfile.TemporaryFile() as out:
-                proc = await self._spawn(["bash", "-c", cmd], workdir, env, timeout, out)
+            with tempfile.TemporaryFile() as out, _script(cmd) as script:
+                if script is None:
+                    proc = await self._spawn(["bash", "-c", cmd], workdir, env, timeout, out)
+                else:  # too long for one argument: bash reads it from a file handed down as an fd
+                    argv = ["bash", f"/dev/fd/{script}"]
+                    proc = await self._spawn(argv, workdir, env, timeout, out, pass_fds=(script,))
                 try:
                     timed_out, pids_exhausted = await self._wait(proc, timeout, pids_before)
                 except asyncio.CancelledError:

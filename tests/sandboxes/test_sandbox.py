@@ -58,6 +58,25 @@ def test_exec_merges_output_in_order_and_reports_exit_code(backend):
     run(go())
 
 
+def test_a_command_longer_than_one_argument_can_hold_runs(backend):
+    """A command above 128 KiB, what one argument (``bash -c CMD``) can hold: a heredoc writing a
+    large file, or a test run naming thousands of test ids, runs as a short command does."""
+    body = "\n".join(f"line {i} \u00fcnic\u00f6de" for i in range(20000))  # 0.35 MB
+
+    async def go():
+        async with sandbox(backend) as sb:
+            cmd = f"cat > big.txt <<'EOF'\n{body}\nEOF\nwc -l < big.txt; ls /proc/self/fd | wc -l; exit 3"
+            r = await sb.exec(cmd, timeout=30)
+            assert r.exit_code == 3, r.output
+            lines, fds = r.output.split()
+            assert int(lines) == 20000
+            assert (await sb.read_file("big.txt")).decode() == body + "\n"
+            # the file the command came in is not handed down to what it starts
+            assert fds == (await sb.exec("ls /proc/self/fd | wc -l", timeout=10)).output.strip()
+
+    run(go())
+
+
 def test_long_output_keeps_head_and_tail_with_marker(backend):
     async def go():
         async with sandbox(backend, output_cap=1000) as sb:

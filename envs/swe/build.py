@@ -182,10 +182,10 @@ async def _validated(rows: list[dict], base: Path, kinds: Sequence[str], log) ->
         full, _ = trees(row)
         ok = True
         for kind in kinds:
-            for name, patch, want in grading.validation_checks(row):
+            for name, graded, patch, want in grading.validation_checks(row):
                 config = {"image": row.image} if kind == "docker" else {}
                 async with make_sandbox(kind, **config) as sandbox:
-                    report = await grading.grade(sandbox, row, full, patch)
+                    report = await grading.grade(sandbox, graded, full, patch)
                 if report["resolved"] != want:
                     ok = False
                     why = report.get("error") or report.get("junit_disagrees") or report.get("log_tail", "")

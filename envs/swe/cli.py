@@ -112,19 +112,19 @@ def _validate(args: argparse.Namespace) -> int:
         return 2
     rows = sample(list(env.rows.values()), args.sample)
     checks = {row.instance_id: grading.validation_checks(row) for row in rows}
-    jobs = [(row, patch) for row in rows for _, patch, _ in checks[row.instance_id]]
+    jobs = [(graded, patch) for row in rows for _, graded, patch, _ in checks[row.instance_id]]
     reports = asyncio.run(_grade_all(env, jobs, args.concurrency))
     mismatches, n = 0, len(grading.validation_checks(rows[0])) if rows else 0
-    names = [name for name, _, _ in grading.validation_checks(rows[0])] if rows else []
+    names = [name for name, *_ in grading.validation_checks(rows[0])] if rows else []
     print(f"| instance | {' | '.join(names)} | ok |\n|{'---|' * (n + 2)}")
     for i, row in enumerate(rows):
         got = [reports[n * i + k]["resolved"] for k in range(n)]
-        ok = got == [want for _, _, want in checks[row.instance_id]]
+        ok = got == [want for *_, want in checks[row.instance_id]]
         mismatches += not ok
         cells = " | ".join("resolved" if g else "not resolved" for g in got)
         print(f"| {row.instance_id} | {cells} | {'yes' if ok else 'NO'} |")
         if not ok:
-            for (name, _, _), report in zip(checks[row.instance_id], reports[n * i : n * i + n], strict=True):
+            for (name, *_), report in zip(checks[row.instance_id], reports[n * i : n * i + n], strict=True):
                 if "error" in report:
                     print(f"    {name}: {report['error'][:300]}", file=sys.stderr)
     print(f"{len(rows) - mismatches} of {len(rows)} rows as expected")

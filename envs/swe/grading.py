@@ -33,6 +33,7 @@ import secrets
 import shlex
 import tempfile
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -347,8 +348,16 @@ CONFTEST_TAMPER = (
 )
 
 
-def validation_checks(row: SweRow) -> list[tuple[str, str, bool]]:
-    """What makes a row sound, as (name, patch, resolved wanted): its gold patch resolves it; an empty
-    patch and a conftest that rewrites reports as passes do not. ``agentrl swe validate`` and the
-    builder (which keeps only rows that pass them in every backend) both check these."""
-    return [("gold", row.patch, True), ("empty", "", False), ("conftest tamper", CONFTEST_TAMPER, False)]
+def validation_checks(row: SweRow) -> list[tuple[str, SweRow, str, bool]]:
+    """What makes a row sound, as (name, row to grade, patch, resolved wanted): its gold patch
+    resolves it; an empty patch and a conftest that rewrites reports as passes do not.
+    ``agentrl swe validate`` and the builder (which keeps only rows that pass them in every backend)
+    both check these. A patch that must not resolve the row is graded on its FAIL_TO_PASS tests
+    alone (an sdist row): any of them failing decides it, and a suite of thousands of
+    PASS_TO_PASS tests need not run again for it."""
+    failing = row if row.from_image else replace(row, PASS_TO_PASS=())
+    return [
+        ("gold", row, row.patch, True),
+        ("empty", failing, "", False),
+        ("conftest tamper", failing, CONFTEST_TAMPER, False),
+    ]

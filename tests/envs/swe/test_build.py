@@ -106,3 +106,18 @@ def test_hint_levels_say_more_about_where_and_never_the_fix():
     assert all("tests/test_x.py::test_f" in t and "assert 1 == 2" in t and "3 tests" in t for t in texts)
     with pytest.raises(ValueError, match="hints must be one of"):
         problem_statement(*args, hints=3)
+
+
+def test_the_checks_that_must_not_resolve_grade_the_failing_tests_alone():
+    from agentrl.envs.swe.grading import validation_checks
+
+    row = next(r for r in load_rows(SHIPPED) if r.repo == "pypi/click")
+    checks = validation_checks(row)
+    assert [(name, want) for name, _, _, want in checks] == [
+        ("gold", True),
+        ("empty", False),
+        ("conftest tamper", False),
+    ]
+    assert checks[0][1] is row  # the gold patch must pass the whole set
+    for _, graded, _, _ in checks[1:]:
+        assert graded.PASS_TO_PASS == () and graded.FAIL_TO_PASS == row.FAIL_TO_PASS

@@ -82,7 +82,6 @@ FILE_OP_TIMEOUT = 60.0
 MOUNT_RACE = "Unable to apply mount flags"
 MOUNT_RACE_TRIES = 6
 MOUNT_RACE_PAUSE = 0.05
-# Moves the shell into the cgroups whose cgroup.procs files come before "--", then runs the rest.
 LONG_COMMAND = 30_000
 """Characters above which a command goes to bash in a file: one argument of a program holds at most
 128 KiB (MAX_ARG_STRLEN), and ``bash -c CMD`` is one."""
@@ -102,6 +101,7 @@ def _script(cmd: str):
         yield f.fileno()
 
 
+# Moves the shell into the cgroups whose cgroup.procs files come before "--", then runs the rest.
 JOIN_CGROUP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 
 

@@ -272,6 +272,7 @@ def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True):
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
+        cuda_graph_scope=[],  # no CUDA graphs; megatron-core 0.16's default, "full", warns as deprecated
     )
     return GPTModel(
         config=config,

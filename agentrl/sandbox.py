@@ -134,6 +134,12 @@ def cut_output(data: bytes, cap: int) -> tuple[str, bool]:
     return join_cut(data[: cap // 2], data[len(data) - (cap - cap // 2) :], len(data)), True
 
 
+ARGUMENT_CHARS = 30_000
+"""The most characters of a command either backend passes in one program argument (``bash -c
+CMD`` is one): an argument holds at most 128 KiB (MAX_ARG_STRLEN), and a character at most 4 bytes.
+A longer command reaches bash through a file."""
+
+
 # Shell snippets shared by the backends. The workspace is a git repository whose start commit is
 # the baseline of ``diff`` (an empty workspace gets one, so that new files show up).
 WORKSPACE_SETUP = (

@@ -17,8 +17,9 @@
 #    (and keeps the same bytes in OUTDIR/NONCE.result for a caller whose stream was lost):
 #    NONCE EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES PIDS_EXHAUSTED
 timeout_s=$1 cap=$2 nonce=$3 outdir=$4 uid=$5 gid=$6
-# A long CMD comes in pieces: one argument of a program may hold at most 128 KiB (MAX_ARG_STRLEN)
+# A long CMD comes in pieces (one argument of a program holds at most 128 KiB, MAX_ARG_STRLEN)
 shift 6
+pieces=$#
 printf -v cmd %s "$@"
 out="$outdir/$nonce"
 exec 2>/dev/null  # the runner's own stderr (job notices) must not mix into the command's output
@@ -126,7 +127,7 @@ mkfifo -m 600 "$out.tick"
 ) > /dev/null 2>&1 < /dev/null &
 dog=$!
 set -m  # job control: the command below gets a process group of its own
-if [ "${#cmd}" -gt 30000 ]; then
+if [ "$pieces" -gt 1 ]; then
     # too long for `bash -c` (one argument): bash reads it from a file, opened here and handed down
     # as fd 3 (the user cannot reach OUTDIR by path; the script closes fd 3 first)
     printf 'exec 3<&-; %s' "$cmd" > "$out.cmd"

@@ -57,6 +57,7 @@ from typing import Any
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from agentrl.sandbox import (
+    ARGUMENT_CHARS,
     FILE_OPS,
     WORKSPACE_SETUP,
     AsyncStartClose,
@@ -76,7 +77,6 @@ log = logging.getLogger(__name__)
 
 RUNNER = (Path(__file__).parent / "_exec.sh").read_text()
 OUTPUT_DIR = "/run/agentrl"  # a root-only tmpfs: the runner's output files, out of the agent's reach
-COMMAND_PIECE = 30_000  # characters of a command per runner argument (at most 4 bytes each: < 128 KiB)
 RUNNER_PATH = "/.agentrl-runner"  # not under a tmpfs: the archive API cannot write into one
 WRITE_CHUNK = 48 * 2**10  # bytes per exec of a file write: base64 in one argument stays under 128 KiB
 FILE_OP_TIMEOUT = 60  # seconds; a file operation is a cat or a write, far quicker unless wedged
@@ -636,8 +636,8 @@ class DockerSandbox(AsyncStartClose):
         cap = output_cap or self.config.output_cap
         nonce = uuid.uuid4().hex
         uid, gid = await self._user_ids(user or self.config.user)
-        # in pieces: a program's argument holds at most 128 KiB; the runner joins them
-        pieces = [cmd[i : i + COMMAND_PIECE] for i in range(0, len(cmd), COMMAND_PIECE)] or [""]
+        # a long command in pieces of one argument each; the runner joins them
+        pieces = [cmd[i : i + ARGUMENT_CHARS] for i in range(0, len(cmd), ARGUMENT_CHARS)] or [""]
         argv = ["bash", RUNNER_PATH, f"{timeout:.3f}", str(cap), nonce, OUTPUT_DIR, uid, gid, *pieces]
         workdir = self._inside(cwd) if cwd else self.workdir
         start = time.perf_counter()

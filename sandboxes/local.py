@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.sandbox import (
+    ARGUMENT_CHARS,
     FILE_OPS,
     WORKSPACE_SETUP,
     AsyncStartClose,
@@ -82,16 +83,13 @@ FILE_OP_TIMEOUT = 60.0
 MOUNT_RACE = "Unable to apply mount flags"
 MOUNT_RACE_TRIES = 6
 MOUNT_RACE_PAUSE = 0.05
-LONG_COMMAND = 30_000
-"""Characters above which a command goes to bash in a file: one argument of a program holds at most
-128 KiB (MAX_ARG_STRLEN), and ``bash -c CMD`` is one."""
 
 
 @contextlib.contextmanager
 def _script(cmd: str):
     """None for a short command; else the fd of an unnamed file holding it, readable by the sandbox's
     user through /dev/fd (the script closes that fd first, so nothing it starts inherits it)."""
-    if len(cmd) <= LONG_COMMAND:
+    if len(cmd) <= ARGUMENT_CHARS:
         yield None
         return
     with tempfile.TemporaryFile() as f:

@@ -129,20 +129,24 @@ async def open_page(path: Path, check):
 def stop(proc: subprocess.Popen) -> None:
     """The browser's whole process group ended (renderers and GPU helpers too), so that none is left
     to take the CPU from the tests after this one."""
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
-            proc.poll()
-            time.sleep(0.05)
-        else:
-            continue
-        break
+        if _group_ended(proc, within=5.0):
+            break
     proc.poll()
+
+
+def _group_ended(proc: subprocess.Popen, within: float) -> bool:
+    """Whether no process of ``proc``'s group is left within ``within`` seconds (``proc`` reaped)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        proc.poll()
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False

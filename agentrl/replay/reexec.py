@@ -36,7 +36,7 @@ from typing import Any
 
 from agentrl.env import AgentEnv, Task
 from agentrl.replay.episodes import ReplayError
-from agentrl.replay.transcript import _turn_messages
+from agentrl.replay.transcript import turn_messages
 from agentrl.tools import ToolCall
 from agentrl.trajectory import Trajectory
 
@@ -84,11 +84,11 @@ class Replayed:
 
 def assistant_turns(t: Trajectory) -> list[tuple[dict, list[dict]]]:
     """Per assistant message: it and the messages that followed it (the observation it got)."""
-    return _turn_messages(t.messages)[1]
+    return turn_messages(t.messages)[1]
 
 
 def prompt_messages(t: Trajectory) -> list[dict]:
-    return _turn_messages(t.messages)[0]
+    return turn_messages(t.messages)[0]
 
 
 def recorded_calls(message: dict) -> list[ToolCall]:

@@ -66,7 +66,7 @@ def _clip(text: str, max_lines: int = MAX_LINES) -> str:
     return "\n".join(lines[:max_lines]) + f"\n… {len(lines) - max_lines} more lines"
 
 
-def _turn_messages(messages: list[dict[str, Any]]) -> tuple[list[dict], list[tuple[dict, list[dict]]]]:
+def turn_messages(messages: list[dict[str, Any]]) -> tuple[list[dict], list[tuple[dict, list[dict]]]]:
     """Split the chat into the prompt's messages and, per assistant message, it and what followed it."""
     prompt: list[dict] = []
     turns: list[tuple[dict, list[dict]]] = []
@@ -127,7 +127,7 @@ def _tool_call(console: Console, call: dict[str, Any]) -> None:
 def transcript(console: Console, episode: Episode, *, turn: int | None = None, tokens: bool = False) -> None:
     """Print one episode turn by turn (``turn``: only that one, counted from 1), then its outcome."""
     t = episode.trajectory()
-    prompt, turns = _turn_messages(t.messages)
+    prompt, turns = turn_messages(t.messages)
     spans = [s for s in t.turns if s.role == "assistant"]
     n = max(len(turns), len(spans), len(t.finish_reasons))
     if turn is not None and not 1 <= turn <= n:

@@ -114,8 +114,9 @@ def _validate(args: argparse.Namespace) -> int:
     checks = {row.instance_id: grading.validation_checks(row) for row in rows}
     jobs = [(graded, patch) for row in rows for _, graded, patch, _ in checks[row.instance_id]]
     reports = asyncio.run(_grade_all(env, jobs, args.concurrency))
-    mismatches, n = 0, len(grading.validation_checks(rows[0])) if rows else 0
-    names = [name for name, *_ in grading.validation_checks(rows[0])] if rows else []
+    first = checks[rows[0].instance_id] if rows else []
+    mismatches, n = 0, len(first)
+    names = [name for name, *_ in first]
     print(f"| instance | {' | '.join(names)} | ok |\n|{'---|' * (n + 2)}")
     for i, row in enumerate(rows):
         got = [reports[n * i + k]["resolved"] for k in range(n)]

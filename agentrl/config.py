@@ -248,6 +248,11 @@ class MegatronConfig(Section):
     dp: int = Field(1, ge=1)
     """Data-parallel size: model replicas, each taking its share of every minibatch's rows.
     ``torchrun`` must start ``tp * pp * dp`` processes (one process alone: all three 1)."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation, megatron-core's: ``selective`` recomputes each layer's core
+    attention in the backward pass (its ``[heads, S, S]`` scores are not kept: long packed rows fit
+    in memory), ``full`` recomputes whole layers from their inputs (the least memory, about one more
+    forward pass per step). The same gradients either way."""
 
 
 class TrainerConfig(Section):

@@ -38,6 +38,13 @@ def main() -> None:
     parser.add_argument("--minibatches", type=int, default=4)
     parser.add_argument("--budget", type=int, default=None, help="tokens per micro-batch")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--recompute",
+        default="selective",
+        choices=["none", "selective", "full"],
+        help="the Megatron backend's activation recomputation (default selective: without it the local "
+        "spec keeps every layer's [heads, S, S] attention scores, about 5.6 GB a layer at S = 8192)",
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
     shape = SMALL if args.small else QWEN2_05B
@@ -56,7 +63,9 @@ def main() -> None:
     flops = step_flops(policy, batch, forwards=4, backwards=2)
     common = dict(minibatches=args.minibatches, micro_token_budget=budget)
     backends = {
-        "megatron (local spec, dense mask)": MegatronBackend(copy.deepcopy(policy), dtype=dtype, **common),
+        f"megatron (local spec, dense mask, recompute {args.recompute})": MegatronBackend(
+            copy.deepcopy(policy), dtype=dtype, recompute=args.recompute, **common
+        ),
         "torch (padded)": TorchBackend(copy.deepcopy(policy), dtype=dtype, **common),
     }
     head = batch.rows(list(range(min(2, batch.size))))

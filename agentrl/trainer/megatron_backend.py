@@ -103,9 +103,12 @@ class MegatronBackend:
         critic: bool = True,
         seed: int = 0,
         driven: bool = False,
+        recompute: str = "none",
     ):
         """``driven``: rank 0 alone calls the backend and the other ranks ``follow()`` (the trainer);
-        otherwise every rank makes every call itself (a script run by torchrun on all ranks)."""
+        otherwise every rank makes every call itself (a script run by torchrun on all ranks).
+        ``recompute``: activation recomputation, ``none`` | ``selective`` | ``full``
+        (``megatron_convert.RECOMPUTE``)."""
         from megatron.core import parallel_state as ps
 
         init_parallel(tp, pp, dp, seed)
@@ -141,6 +144,7 @@ class MegatronBackend:
                 "set model.dtype=float32 on CPU"
             )
         self.autocast = dtype == "bfloat16"
+        self.recompute = recompute
         hf_state = {k: v.detach().float().cpu() for k, v in policy.state_dict().items()}
         self.policy = self._gpt(hf_state, value=False)
         self.critic = self._gpt(hf_state, value=True) if critic else None
@@ -178,7 +182,7 @@ class MegatronBackend:
     # -- models --
     def _gpt(self, hf_state: dict[str, Tensor], *, value: bool) -> nn.Module:
         tp = dist.get_world_size(self.tp_group)
-        model = build_gpt(self.hf_config, cpu=self.device.type == "cpu")
+        model = build_gpt(self.hf_config, cpu=self.device.type == "cpu", recompute=self.recompute)
         state = hf_to_megatron(hf_state, self.hf_config, tp, self.tp_rank)
         missing, unexpected = model.load_state_dict(
             to_stage(state, self.hf_config, self.pp, self.pp_rank), strict=False
@@ -603,4 +607,5 @@ def from_config(policy: nn.Module, cfg) -> MegatronBackend:
         reference=cfg.algo.kl_coef > 0,
         seed=cfg.run.seed,
         driven=True,
+        recompute=m.recompute,
     )

@@ -24,6 +24,7 @@ Every conversion copies values only (slicing and concatenation), so HF -> Megatr
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -223,7 +224,25 @@ def from_stages(stages: list[dict[str, Tensor]], c: Any) -> dict[str, Tensor]:
     return out
 
 
-def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True):
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation (``trainer.megatron.recompute``), megatron-core's own: ``selective``
+keeps each layer's activations but its core attention (the ``[heads, S, S]`` scores of the local
+spec), recomputed in the backward pass; ``full`` keeps only each layer's input and recomputes the
+whole layer. The same gradients, for compute: about one more attention (selective) or one more
+forward pass (full) per backward."""
+
+
+def _recompute(mode: str) -> dict[str, Any]:
+    if mode == "none":
+        return {}
+    if mode == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    if mode == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    raise ValueError(f"trainer.megatron.recompute={mode!r}: use one of {', '.join(RECOMPUTE)}")
+
+
+def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True, recompute: str = "none"):
     """A megatron-core ``GPTModel`` shaped like the HF config ``c`` (random weights; load them with
     ``hf_to_megatron``), for the model-parallel groups already initialised.
 
@@ -241,39 +260,44 @@ def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True):
     check_config(c, tp)
     if c.num_hidden_layers % pp:
         raise ValueError(f"trainer.megatron.pp={pp} must divide the model's {c.num_hidden_layers} layers")
-    config = TransformerConfig(
-        num_layers=c.num_hidden_layers,
-        hidden_size=c.hidden_size,
-        ffn_hidden_size=c.intermediate_size,
-        num_attention_heads=c.num_attention_heads,
-        num_query_groups=_groups(c),
-        kv_channels=_head_dim(c),
-        normalization="RMSNorm",
-        layernorm_epsilon=c.rms_norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=qkv_bias(c),
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        pipeline_dtype=dtype,
-        params_dtype=dtype,
-        bf16=dtype == torch.bfloat16,
-        use_cpu_initialization=cpu,
-        # every weight is then loaded from the HF checkpoint, but only the initialisers mark the
-        # parameters that are split over tensor-parallel ranks (the gradient norm reads the mark)
-        perform_initialization=True,
-        persist_layer_norm=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        attention_softmax_in_fp32=True,
-        cuda_graph_scope=[],  # no CUDA graphs; megatron-core 0.16's default, "full", warns as deprecated
-    )
+    with warnings.catch_warnings():
+        # selective recompute warns that Transformer Engine's fused attention needs none: this is
+        # the local spec, whose core attention keeps its [heads, S, S] scores
+        warnings.filterwarnings("ignore", message=".*core_attn recompute is really needed")
+        config = TransformerConfig(
+            num_layers=c.num_hidden_layers,
+            hidden_size=c.hidden_size,
+            ffn_hidden_size=c.intermediate_size,
+            num_attention_heads=c.num_attention_heads,
+            num_query_groups=_groups(c),
+            kv_channels=_head_dim(c),
+            normalization="RMSNorm",
+            layernorm_epsilon=c.rms_norm_eps,
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            add_qkv_bias=qkv_bias(c),
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            pipeline_dtype=dtype,
+            params_dtype=dtype,
+            bf16=dtype == torch.bfloat16,
+            use_cpu_initialization=cpu,
+            # every weight is then loaded from the HF checkpoint, but only the initialisers mark the
+            # parameters that are split over tensor-parallel ranks (the gradient norm reads the mark)
+            perform_initialization=True,
+            persist_layer_norm=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            attention_softmax_in_fp32=True,
+            cuda_graph_scope=[],  # no CUDA graphs; megatron-core 0.16's default, "full", warns as deprecated
+            **_recompute(recompute),
+        )
     return GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),

@@ -12,7 +12,7 @@ pytest.importorskip("megatron.core")
 
 from agentrl.trainer.backend import Batch, LossConfig, TrainBackend
 from agentrl.trainer.megatron_backend import MegatronBackend
-from agentrl.trainer.megatron_convert import hf_to_megatron, megatron_to_hf
+from agentrl.trainer.megatron_convert import RECOMPUTE, hf_to_megatron, megatron_to_hf
 from agentrl.trainer.torch_backend import TorchBackend
 from agentrl.trajectory import Trajectory, TurnSpan
 
@@ -138,6 +138,37 @@ def test_megatron_matches_the_torch_backend_through_one_ppo_step(kind):
         torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=name)
         moved = max(moved, float((w - model.state_dict()[name]).abs().max()))
     assert moved > 1e-3  # the step changed the weights by far more than the tolerance
+
+
+def _saved_bytes(backend: MegatronBackend, batch: Batch) -> int:
+    """Bytes the policy's forward pass keeps for its backward pass."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        backend._hidden(backend.policy, batch, list(range(batch.size)))
+    return total
+
+
+def test_recomputed_activations_keep_less_and_give_the_same_step():
+    model = tiny_hf("llama")
+    batch = ppo_batch()
+    backends = {mode: _backend(MegatronBackend, copy.deepcopy(model), recompute=mode) for mode in RECOMPUTE}
+    kept = {mode: _saved_bytes(b, batch) for mode, b in backends.items()}
+    assert kept["full"] < kept["selective"] < kept["none"], kept
+    want = run_step(backends["none"], batch)
+    for mode in ("selective", "full"):
+        got = run_step(backends[mode], batch)
+        for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6), (mode, key)
+        for name, w in want["weights"].items():
+            torch.testing.assert_close(got["weights"][name], w, atol=1e-6, rtol=0, msg=f"{mode} {name}")
+    with pytest.raises(ValueError, match=r"recompute='some'.*none, selective, full"):
+        MegatronBackend(copy.deepcopy(model), recompute="some")
 
 
 def test_bad_sizes_stop_with_the_values_named():

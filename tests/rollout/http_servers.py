@@ -44,10 +44,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(server: LocalServer):
-    """``server`` on a free loopback port, served by uvicorn on a thread; yields its URL."""
+def serving(server):
+    """``server`` (a ``LocalServer``, or any ASGI app) on a free loopback port, served by uvicorn on
+    a thread; yields its URL."""
     port = free_port()
-    uv = uvicorn_server(server, "127.0.0.1", port)
+    if isinstance(server, LocalServer):
+        uv = uvicorn_server(server, "127.0.0.1", port)
+    else:
+        import uvicorn
+
+        config = uvicorn.Config(
+            server, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off"
+        )
+        uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -101,3 +110,49 @@ def serve_process(model: str, port: int, log: Path) -> subprocess.Popen:
             env=env,
             start_new_session=True,
         )
+
+
+def router_stand_in(workers: list[str]):
+    """What the client needs of ``sglang_router`` in front of ``workers``: ``GET /workers`` answered
+    as SGLang's gateway documents it (``{"workers": [{"id", "url", ...}], "total", "stats"}``), and
+    ``/generate`` forwarded to a worker (the first: one routing policy among others). Like the
+    real router it does not forward ``/abort_request``: there is no such route here."""
+    import aiohttp
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def list_workers(request):
+        listed = [
+            {
+                "id": f"worker-{i}",
+                "url": url,
+                "model_id": "tiny-test",
+                "priority": 50,
+                "cost": 1.0,
+                "worker_type": "regular",
+                "is_healthy": True,
+                "load": 0,
+                "connection_mode": "Http",
+            }
+            for i, url in enumerate(workers)
+        ]
+        stats = {"prefill_count": 0, "decode_count": 0, "regular_count": len(workers)}
+        return JSONResponse({"workers": listed, "total": len(workers), "stats": stats})
+
+    async def generate(request):
+        body = await request.body()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{workers[0]}/generate", data=body, headers={"Content-Type": "application/json"}
+            ) as r,
+        ):
+            return Response(await r.read(), status_code=r.status, media_type="application/json")
+
+    return Starlette(
+        routes=[
+            Route("/workers", list_workers, methods=["GET"]),
+            Route("/generate", generate, methods=["POST"]),
+        ]
+    )

@@ -22,7 +22,7 @@ from agentrl.rollout.sglang_api import (
     parse_generation,
     sampling_params,
 )
-from tests.rollout.http_servers import contract, serving
+from tests.rollout.http_servers import contract, router_stand_in, serving
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +273,43 @@ def test_a_cancelled_request_is_aborted_on_the_server(tiny, served):
     held, flush_while_running, flush_idle = asyncio.run(go())
     assert len(held) == 1 and not server.running and engine.stats["aborts_sent"] == 1
     assert (flush_while_running, flush_idle) == (400, 200)  # SGLang's rule: no flush while requests run
+
+
+def test_behind_a_router_a_cancelled_request_is_aborted_on_every_worker(tiny, served):
+    """The router does not forward aborts: the client lists the workers (``GET /workers``) and
+    sends ``/abort_request`` to each, so the worker that holds the request stops it."""
+    url, server = served
+    model, tok = tiny
+    other = local_server(model, tok, "tiny-test", max_context=1024)
+    with serving(other) as other_url, serving(router_stand_in([url, other_url])) as router:
+        engine = SGLangEngine(router)
+
+        async def go():
+            import aiohttp
+
+            async with aiohttp.ClientSession() as s:
+                for worker in (url, other_url):
+                    async with s.post(f"{worker}/pause_generation", json={"mode": "in_place"}) as r:
+                        assert r.status == 200
+                task = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4)))
+                for _ in range(300):  # until the first worker holds it, through the router
+                    await asyncio.sleep(0.01)
+                    if server.running:
+                        break
+                held = list(server.running)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await engine.close()  # waits for the aborts it sent
+                still = list(server.running)
+                for worker in (url, other_url):
+                    async with s.post(f"{worker}/continue_generation", json={}) as r:
+                        assert r.status == 200
+            return held, still
+
+        held, still = asyncio.run(go())
+    assert len(held) == 1 and still == [], (held, still)
+    assert engine.abort_urls == [url, other_url] and engine.stats["aborts_sent"] == 2
 
 
 def test_weight_sync_by_disk_advances_the_version_and_serves_the_new_weights(tmp_path):

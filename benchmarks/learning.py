@@ -30,6 +30,28 @@ def run(seed: int, estimator: str, extra: list[str]) -> dict:
     return train(load_config(TrainConfig, "recipes/quickstart.yaml", overrides))
 
 
+def machine() -> str:
+    """What the figures depend on besides the code: the CPU, torch's kernels for it, its thread count
+    (floating-point sums round differently with each; a run repeats exactly only where all three do)."""
+    import platform
+
+    import torch
+
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0].splitlines()  # the first processor's entry
+        info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first if ":" in line)}
+        cpu, flags = info["model name"], set(info["flags"].split())
+    except (OSError, KeyError):
+        pass
+    wide = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if f in flags]
+    return (
+        f"{cpu} ({' '.join(wide) or 'flags unknown'}); torch {torch.__version__}, "
+        f"{torch.backends.cpu.get_cpu_capability()} kernels, {torch.get_num_threads()} threads"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -68,6 +90,7 @@ def main() -> int:
             b, a = (summary.get(f"eval_{w}_sampled", float("nan")) for w in ("before", "after"))
             cells += [f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}"]
         print(f"| {seed} | {name} | {' | '.join(cells)} | {summary['seconds'] / 60:.1f} |")
+    print(f"\nmachine: {machine()}")
     ppo_gains = [s["eval_after"] - s["eval_before"] for _, e, s in rows if e == "gae"]
     met = all(g >= 0.25 for g in ppo_gains)
     print(

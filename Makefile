@@ -88,7 +88,7 @@ bench: setup
 	@for script in $(BENCHES); do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 	@echo "== agentrl swe validate (every shipped task)"; $(BIN)/agentrl swe validate envs/swe/tasks/tasks.jsonl
 
-# What a call to a lent GPU machine carries for benchmarks/gpu_check.py (build/gpu, about 12 MB):
+# What a call to a lent GPU machine carries for benchmarks/gpu_check.py (build/gpu, about 13 MiB):
 # the Python 3.12 wheels that machine lacks, agentrl's own wheel built now, SmolLM2's shape.
 # GPU_PYTHON=3.11 fetches wheels for this machine's Python instead (a rehearsal: gpu_check.py run --small).
 GPU_PYTHON ?= 3.12

@@ -1,6 +1,6 @@
 """The GPU checks of the open issues as one call on a lent GPU machine, prepared here beforehand.
 
-    make gpu-carry                                   # here: writes build/gpu (about 12 MB)
+    make gpu-carry                                   # here: writes build/gpu (about 13 MiB)
     python3 benchmarks/gpu_check.py run              # there, carrying build/gpu; $OUT gets the logs
 
 A lent machine has Python 3.12 with torch, transformers and triton, no network, and takes at

@@ -186,8 +186,8 @@ def _worker(rank: int, world: int, store_path: str, cases: list, out_path: str) 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     torch.set_num_threads(1)
     got = [
-        run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, pp=pp, dp=dp), ppo_batch())
-        for kind, tp, pp, dp in cases
+        run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, pp=pp, dp=dp, recompute=re), ppo_batch())
+        for kind, tp, pp, dp, re in cases
     ]
     if rank == 0:
         torch.save(got, out_path)
@@ -199,21 +199,24 @@ def test_tp2_pp2_and_dp2_match_one_process(tmp_path):
     """Two gloo processes (tensor-parallel: Llama with its padded vocabulary, Qwen2 with its split
     q/k/v biases; pipeline-parallel: Llama, and Qwen2 with its embedding tied across the stages;
     data-parallel) give the log-probs, values, losses, gradient norms and updated weights of one
-    process on the same global batch."""
+    process on the same global batch; with activations recomputed too (whole layers at TP=2,
+    core attention at PP=2), against one process that keeps them."""
     import torch.multiprocessing as mp
 
     cases = [
-        ("llama", 2, 1, 1),
-        ("qwen2", 2, 1, 1),
-        ("llama", 1, 2, 1),
-        ("qwen2", 1, 2, 1),
-        ("qwen2", 1, 1, 2),
+        ("llama", 2, 1, 1, "none"),
+        ("qwen2", 2, 1, 1, "none"),
+        ("llama", 1, 2, 1, "none"),
+        ("qwen2", 1, 2, 1, "none"),
+        ("qwen2", 1, 1, 2, "none"),
+        ("llama", 2, 1, 1, "full"),
+        ("qwen2", 1, 2, 1, "selective"),
     ]
     out = tmp_path / "out.pt"
     mp.spawn(_worker, args=(2, str(tmp_path / "store"), cases, str(out)), nprocs=2, join=True)
-    for (kind, tp, pp, dp), got in zip(cases, torch.load(out, weights_only=False), strict=True):
+    for (kind, tp, pp, dp, re), got in zip(cases, torch.load(out, weights_only=False), strict=True):
         want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
-        case = f"{kind} tp={tp} pp={pp} dp={dp}"
+        case = f"{kind} tp={tp} pp={pp} dp={dp} recompute={re}"
         torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0, msg=case)
         torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0, msg=case)
         for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):

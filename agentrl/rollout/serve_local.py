@@ -452,13 +452,13 @@ def local_server(
     )
 
 
-def uvicorn_server(server: LocalServer, host: str, port: int, log_level: str = "warning"):
-    """A ``uvicorn.Server`` for the app (``.run()`` serves until ``should_exit``)."""
+def uvicorn_server(server, host: str, port: int, log_level: str = "warning"):
+    """A ``uvicorn.Server`` for ``server``'s app, or for ``server`` when it is an ASGI app already
+    (``.run()`` serves until ``should_exit``)."""
     import uvicorn
 
-    config = uvicorn.Config(
-        build_app(server), host=host, port=port, log_level=log_level, access_log=False, lifespan="off"
-    )
+    app = build_app(server) if isinstance(server, LocalServer) else server
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off")
     return uvicorn.Server(config)
 
 

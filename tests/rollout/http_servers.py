@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.rollout.serve_local import LocalServer, uvicorn_server
+from agentrl.rollout.serve_local import uvicorn_server
 
 
 def contract():
@@ -48,15 +48,7 @@ def serving(server):
     """``server`` (a ``LocalServer``, or any ASGI app) on a free loopback port, served by uvicorn on
     a thread; yields its URL."""
     port = free_port()
-    if isinstance(server, LocalServer):
-        uv = uvicorn_server(server, "127.0.0.1", port)
-    else:
-        import uvicorn
-
-        config = uvicorn.Config(
-            server, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off"
-        )
-        uv = uvicorn.Server(config)
+    uv = uvicorn_server(server, "127.0.0.1", port)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

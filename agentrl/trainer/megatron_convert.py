@@ -225,14 +225,11 @@ def from_stages(stages: list[dict[str, Tensor]], c: Any) -> dict[str, Tensor]:
 
 
 RECOMPUTE = ("none", "selective", "full")
-"""Activation recomputation (``trainer.megatron.recompute``), megatron-core's own: ``selective``
-keeps each layer's activations but its core attention (the ``[heads, S, S]`` scores of the local
-spec), recomputed in the backward pass; ``full`` keeps only each layer's input and recomputes the
-whole layer. The same gradients, for compute: about one more attention (selective) or one more
-forward pass (full) per backward."""
+"""The values of ``trainer.megatron.recompute`` (``config.MegatronConfig`` says what each does)."""
 
 
 def _recompute(mode: str) -> dict[str, Any]:
+    """megatron-core's ``TransformerConfig`` fields for one of ``RECOMPUTE``."""
     if mode == "none":
         return {}
     if mode == "selective":

@@ -253,6 +253,11 @@ class MegatronConfig(Section):
     attention in the backward pass (its ``[heads, S, S]`` scores are not kept: long packed rows fit
     in memory), ``full`` recomputes whole layers from their inputs (the least memory, about one more
     forward pass per step). The same gradients either way."""
+    distributed_optimizer: bool = False
+    """Megatron's distributed optimizer: each data-parallel rank keeps Adam's moments for 1/dp of
+    the weights, gradients are reduce-scattered and the updated weights all-gathered (ZeRO-1). The
+    same step as the default (torch AdamW on every rank, gradients all-reduced) with less memory a
+    rank; a checkpoint resumes only with the setting it was written with."""
 
 
 class TrainerConfig(Section):

@@ -15,12 +15,15 @@ parallel, numerically the PyTorch backend's twin.
 - Updates: gradient accumulation with each micro-batch's share of the minibatch's trainable
   tokens (as the PyTorch backend), data-parallel ranks each take every ``dp``-th row of a
   minibatch and sum their gradients, the gradient norm counts tensor-parallel shards once,
-  torch AdamW and the PyTorch backend's schedule. The losses are ``agentrl.algo``'s.
+  torch AdamW and the PyTorch backend's schedule; or, with ``distributed_optimizer``, megatron-core's
+  distributed optimizer over the same arithmetic (``megatron_optim``). The losses are
+  ``agentrl.algo``'s.
 - Processes: under ``torchrun`` the world is ``tp * pp * dp`` ranks; alone, one gloo process.
   Rank 0 runs the trainer (rollouts, engine, loop) and drives: each backend call it makes is sent
   to the other ranks first (method and arguments, the batch included), which run nothing but
   ``follow()``, so every rank executes the same call on the same batch.
-  Checkpoints: one file per tensor-parallel rank (written by data-parallel rank 0).
+  Checkpoints: one file per tensor-parallel rank (written by data-parallel rank 0; the distributed
+  optimizer's moments gathered into it).
 - Precision: fp32 weights and optimizer; ``dtype="bfloat16"`` runs the forward passes under bf16
   autocast (CUDA only), as the PyTorch backend does.
 """
@@ -40,6 +43,7 @@ from agentrl.algo import kl_penalty, policy_loss, value_loss
 from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megatron, megatron_to_hf, to_stage
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
+from agentrl.trainer.megatron_optim import DistributedAdam
 from agentrl.trainer.megatron_parallel import collective, init_parallel
 from agentrl.trainer.torch_backend import _mean, lr_schedule, pack
 
@@ -77,6 +81,13 @@ def _is_sharded(p: Tensor) -> bool:
     return bool(getattr(p, "tensor_model_parallel", False))
 
 
+def _grad(p: Tensor) -> Tensor:
+    """``p.grad``, zeros where no micro-batch reached ``p``."""
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    return p.grad
+
+
 class MegatronBackend:
     def __init__(
         self,
@@ -104,11 +115,13 @@ class MegatronBackend:
         seed: int = 0,
         driven: bool = False,
         recompute: str = "none",
+        distributed_optimizer: bool = False,
     ):
         """``driven``: rank 0 alone calls the backend and the other ranks ``follow()`` (the trainer);
         otherwise every rank makes every call itself (a script run by torchrun on all ranks).
         ``recompute``: activation recomputation, ``none`` | ``selective`` | ``full``
-        (``megatron_convert.RECOMPUTE``)."""
+        (``megatron_convert.RECOMPUTE``). ``distributed_optimizer``: Megatron's, its Adam moments
+        sharded over the data-parallel ranks (``megatron_optim``); otherwise torch AdamW on every rank."""
         from megatron.core import parallel_state as ps
 
         init_parallel(tp, pp, dp, seed)
@@ -135,9 +148,9 @@ class MegatronBackend:
             self.last_rank = ps.get_pipeline_model_parallel_last_rank()
         # tied embeddings over several stages: the first stage's embedding and the last stage's copy
         # get the sum of both gradients (so they stay equal); the copy is left out of the norm
+        # (marked ``shared``, as megatron marks it, which its distributed optimizer reads too)
         self.tied_stages = pp > 1 and bool(getattr(policy.config, "tie_word_embeddings", False))
         self._tied: set[int] = set()
-        self._copies: set[int] = set()
         if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and self.device.type != "cuda"):
             raise ValueError(
                 f"model.dtype={dtype!r}: the Megatron backend runs float32, or bfloat16 autocast on CUDA; "
@@ -153,10 +166,10 @@ class MegatronBackend:
         self.critic_epochs = critic_epochs or epochs
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
         self.generator = torch.Generator().manual_seed(seed)
-        self.actor_opt = torch.optim.AdamW(
-            self.policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
+        self.sharded = distributed_optimizer
+        self.actor_opt, self.actor_sched = self._optimizer(
+            self.policy, actor_lr, weight_decay, adam_eps, warmup_steps, schedule, total_steps
         )
-        self.actor_sched = lr_schedule(self.actor_opt, warmup_steps, schedule, total_steps)
         critic_total = max(1, total_steps * self.critic_epochs // epochs)
         self._critic_args = (critic_lr, weight_decay, adam_eps, warmup_steps, schedule, critic_total)
         if self.critic is not None:
@@ -200,15 +213,29 @@ class MegatronBackend:
                 self._tied.add(id(model.embedding.word_embeddings.weight))
             if model.post_process:
                 self._tied.add(id(model.output_layer.weight))
-                self._copies.add(id(model.output_layer.weight))
+                model.output_layer.weight.shared = True
         return model
 
+    def _optimizer(self, model: nn.Module, lr, weight_decay, eps, warmup_steps, schedule, total_steps):
+        """AdamW over ``model`` and its learning-rate schedule: Megatron's distributed optimizer (the
+        schedule inside it, so None here), or torch's on every rank."""
+        if self.sharded:
+            opt = DistributedAdam(
+                model,
+                lr=lr,
+                weight_decay=weight_decay,
+                eps=eps,
+                grad_clip=self.grad_clip,
+                warmup_steps=warmup_steps,
+                schedule=schedule,
+                total_steps=total_steps,
+            )
+            return opt, None
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, eps=eps)
+        return opt, lr_schedule(opt, warmup_steps, schedule, total_steps)
+
     def _critic_optimizer(self) -> None:
-        lr, weight_decay, eps, warmup_steps, schedule, total_steps = self._critic_args
-        self.critic_opt = torch.optim.AdamW(
-            self.critic.parameters(), lr=lr, weight_decay=weight_decay, eps=eps
-        )
-        self.critic_sched = lr_schedule(self.critic_opt, warmup_steps, schedule, total_steps)
+        self.critic_opt, self.critic_sched = self._optimizer(self.critic, *self._critic_args)
 
     def _policy_hf_state(self) -> dict[str, Tensor]:
         return megatron_to_hf(self._gather_shards(self.policy), self.hf_config)
@@ -333,7 +360,11 @@ class MegatronBackend:
         counted once), then every gradient scaled as ``torch.nn.utils.clip_grad_norm_`` does."""
         square = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in params:
-            if p.grad is not None and (_is_sharded(p) or self.tp_rank == 0) and id(p) not in self._copies:
+            if (
+                p.grad is not None
+                and (_is_sharded(p) or self.tp_rank == 0)
+                and not getattr(p, "shared", False)
+            ):
                 square += p.grad.double().pow(2).sum()
         if dist.get_world_size(self.tp_group) > 1:
             dist.all_reduce(square, group=self.tp_group)
@@ -348,13 +379,19 @@ class MegatronBackend:
         return norm
 
     def _step(self, opt, sched, batch: Batch, loss_fn, share_fn, epochs: int, minibatches: int):
+        """``epochs`` passes over ``minibatches`` random minibatches, one optimizer step each; with
+        ``sched`` None, ``opt`` is Megatron's distributed optimizer (``megatron_optim``)."""
         history = []
         lengths = batch.lengths.tolist()
         trainable = batch.loss_mask.any(1).tolist()
-        params = [p for group in opt.param_groups for p in group["params"]]
+        sharded = isinstance(opt, DistributedAdam)
+        params = opt.params() if sharded else [p for group in opt.param_groups for p in group["params"]]
         for _ in range(epochs):
             for rows in self._minibatches(batch, minibatches):
-                opt.zero_grad(set_to_none=True)
+                if sharded:
+                    opt.zero_grad()
+                else:
+                    opt.zero_grad(set_to_none=True)
                 total = share_fn(rows)
                 if total == 0:
                     continue
@@ -375,26 +412,28 @@ class MegatronBackend:
                         self._stage_output.backward(grad.to(self._stage_output.dtype))
                     if not self.first:
                         dist.send(self._stage_input.grad.float().contiguous(), dst=self.prev_rank)
-                if self.dp > 1:
-                    self._dp_sum(params, metrics)
+                gradient = opt.gradient if sharded else _grad
+                if self.dp > 1:  # the distributed optimizer reduce-scatters the gradients itself
+                    self._dp_sum([] if sharded else params, metrics)
                 if self.pp > 1:
-                    metrics = self._pipeline_sync(params, metrics)
-                metrics["grad_norm"] = self._grad_norm_and_clip(params)
-                opt.step()
-                sched.step()
+                    metrics = self._pipeline_sync(params, metrics, gradient)
+                if sharded:  # clips with the norm it computes as _grad_norm_and_clip does
+                    metrics["grad_norm"] = opt.step()
+                else:
+                    metrics["grad_norm"] = self._grad_norm_and_clip(params)
+                    opt.step()
+                    sched.step()
                 history.append(metrics)
         return history
 
-    def _pipeline_sync(self, params: list[Tensor], metrics: dict[str, float]) -> dict[str, float]:
+    def _pipeline_sync(self, params: list[Tensor], metrics: dict[str, float], gradient) -> dict[str, float]:
         """Tied embedding copies get their summed gradient; every stage gets the last one's metrics."""
         from megatron.core import parallel_state as ps
 
         tied = [p for p in params if id(p) in self._tied]
         if tied and ps.is_rank_in_embedding_group():
             for p in tied:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=ps.get_embedding_group())
+                dist.all_reduce(gradient(p), group=ps.get_embedding_group())
         box = [metrics]
         dist.broadcast_object_list(box, src=self.last_rank, group=self.pp_group)
         return box[0]
@@ -402,9 +441,7 @@ class MegatronBackend:
     def _dp_sum(self, params: list[Tensor], metrics: dict[str, float]) -> None:
         """Sum gradients and weighted metrics over data-parallel ranks (each holds its rows' shares)."""
         for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, group=self.dp_group)
+            dist.all_reduce(_grad(p), group=self.dp_group)
         gathered: list[dict[str, float]] = [{} for _ in range(self.dp)]
         dist.all_gather_object(gathered, metrics, group=self.dp_group)
         for k in sorted({k for g in gathered for k in g}):
@@ -456,7 +493,8 @@ class MegatronBackend:
             self.epochs,
             self.minibatches,
         )
-        return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
+        lr = self.actor_opt.last_lr() if self.sharded else self.actor_sched.get_last_lr()[0]
+        return _mean(history, prefix="actor/") | {"actor/lr": lr}
 
     @collective
     def train_critic(
@@ -492,8 +530,11 @@ class MegatronBackend:
 
     @collective
     def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
-        opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
-        sched = lr_schedule(opt, 0, "constant", 1)
+        if self.sharded:  # over the actor's gradient buffers: a model is wrapped once
+            opt, sched = self.actor_opt.another(lr=lr, weight_decay=0.01, eps=1e-8), None
+        else:  # torch AdamW's defaults
+            opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
+            sched = lr_schedule(opt, 0, "constant", 1)
         losses = []
 
         def loss_fn(micro: list[int]):
@@ -536,27 +577,28 @@ class MegatronBackend:
 
     @collective
     def save(self, path: str) -> None:
+        state = self._state()  # on every rank: the distributed optimizer gathers its moments
         if self.dp_rank == 0:
-            self._save(path)
+            torch.save(state, self._file(path))
         if self.world > 1:
             dist.barrier()  # every file is written before rank 0 completes the checkpoint
 
-    def _save(self, path: str) -> None:
+    def _state(self) -> dict[str, Any]:
         state = {
+            "distributed_optimizer": self.sharded,
             "policy": self.policy.state_dict(),
             "actor_opt": self.actor_opt.state_dict(),
-            "actor_sched": self.actor_sched.state_dict(),
             "generator": self.generator.get_state(),
         }
+        if not self.sharded:
+            state["actor_sched"] = self.actor_sched.state_dict()
         if self.critic is not None:
-            state |= {
-                "critic": self.critic.state_dict(),
-                "critic_opt": self.critic_opt.state_dict(),
-                "critic_sched": self.critic_sched.state_dict(),
-            }
+            state |= {"critic": self.critic.state_dict(), "critic_opt": self.critic_opt.state_dict()}
+            if not self.sharded:
+                state["critic_sched"] = self.critic_sched.state_dict()
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()
-        torch.save(state, self._file(path))
+        return state
 
     @collective
     def load(self, path: str) -> None:
@@ -567,14 +609,21 @@ class MegatronBackend:
                 f"tensor-parallel size {dist.get_world_size(self.tp_group)}; resume with the same trainer settings"
             )
         state = torch.load(file, map_location=self.device, weights_only=False)
+        if state.get("distributed_optimizer", False) != self.sharded:
+            raise ValueError(
+                f"{file} was written with trainer.megatron.distributed_optimizer="
+                f"{str(not self.sharded).lower()}: resume with that setting"
+            )
         self.policy.load_state_dict(state["policy"])
         self.actor_opt.load_state_dict(state["actor_opt"])
-        self.actor_sched.load_state_dict(state["actor_sched"])
         self.generator.set_state(state["generator"])
+        if not self.sharded:
+            self.actor_sched.load_state_dict(state["actor_sched"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_opt.load_state_dict(state["critic_opt"])
-            self.critic_sched.load_state_dict(state["critic_sched"])
+            if not self.sharded:
+                self.critic_sched.load_state_dict(state["critic_sched"])
         if self.reference is not None and "reference" in state:
             self.reference.load_state_dict(state["reference"])
 
@@ -608,4 +657,5 @@ def from_config(policy: nn.Module, cfg) -> MegatronBackend:
         seed=cfg.run.seed,
         driven=True,
         recompute=m.recompute,
+        distributed_optimizer=m.distributed_optimizer,
     )

@@ -1,5 +1,6 @@
 """The Megatron backend against the PyTorch backend on the same HF weights (fp32, CPU, TP=1), and at
-TP=2 and DP=2 (two gloo processes) against TP=1; HF <-> Megatron conversion bit-exact."""
+TP=2, PP=2 and DP=2 (two gloo processes) against one process, with torch AdamW or Megatron's
+distributed optimizer; HF <-> Megatron conversion bit-exact."""
 
 from __future__ import annotations
 
@@ -225,6 +226,81 @@ def test_tp2_pp2_and_dp2_match_one_process(tmp_path):
             torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=f"{case} {name}")
 
 
+def _adam_moments(backend) -> int:
+    """How many numbers of Adam state the backend's actor optimizer keeps on this rank."""
+    if backend.sharded:
+        return backend.actor_opt.moments()
+    return sum(t.numel() for st in backend.actor_opt.state.values() for t in st.values() if t.dim() > 0)
+
+
+def _sharded_worker(rank: int, world: int, store_path: str, ckpt: str, out_path: str) -> None:
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    got: dict[str, object] = {}
+    backend = _backend(MegatronBackend, tiny_hf("qwen2"), dp=2, warmup_steps=3, distributed_optimizer=True)
+    got["sft"] = backend.train_sft(ppo_batch(seed=4), epochs=2, lr=1e-2, batch_size=2)
+    backend.save(f"{ckpt}/before")  # before the PPO optimizers' first update: no moments yet
+    got["first"] = run_step(backend, ppo_batch())
+    moments: list[int] = [0] * world
+    dist.all_gather_object(moments, _adam_moments(backend))
+    got["moments"] = moments
+    backend.save(ckpt)
+    got["second"] = run_step(backend, ppo_batch(seed=3))
+    for at, key, seed in ((f"{ckpt}/before", "loaded first", 0), (ckpt, "loaded second", 3)):
+        loaded = _backend(
+            MegatronBackend, tiny_hf("qwen2", seed=1), dp=2, warmup_steps=3, distributed_optimizer=True
+        )
+        loaded.load(at)
+        got[key] = run_step(loaded, ppo_batch(seed=seed))
+    # the tied embedding over two pipeline stages: its copy is counted once in megatron's norm too
+    got["pp2"] = run_step(
+        _backend(MegatronBackend, tiny_hf("qwen2"), pp=2, distributed_optimizer=True), ppo_batch()
+    )
+    if rank == 0:
+        torch.save(got, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _same_step(got: dict, want: dict, case: str, atol: float = 1e-5) -> None:
+    for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm", "actor/lr"):
+        assert got[key] == pytest.approx(want[key], rel=atol, abs=1e-7), (case, key)
+    for name, w in want["weights"].items():
+        torch.testing.assert_close(got["weights"][name], w, atol=atol, rtol=0, msg=f"{case} {name}")
+
+
+def test_the_distributed_optimizer_keeps_half_the_moments_at_dp2_and_takes_the_same_steps(tmp_path):
+    """``distributed_optimizer=True`` (megatron-core's, run on CPU under ``megatron_cpu``) at DP=2:
+    a warm start, then PPO steps with a warm-up schedule give the losses, gradient norms and weights
+    of one process with torch AdamW; each rank keeps about half of Adam's moments; its checkpoint
+    (moments gathered on data-parallel rank 0) resumes into the same next step, and refuses a backend
+    without it. At PP=2 the tied embedding's copy is counted once in the norm."""
+    import torch.multiprocessing as mp
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    (ckpt / "before").mkdir(parents=True)
+    mp.spawn(_sharded_worker, args=(2, str(tmp_path / "store"), str(ckpt), str(out)), nprocs=2, join=True)
+    got = torch.load(out, weights_only=False)
+
+    one = _backend(MegatronBackend, tiny_hf("qwen2"), warmup_steps=3)
+    sft = one.train_sft(ppo_batch(seed=4), epochs=2, lr=1e-2, batch_size=2)
+    assert got["sft"] == pytest.approx(sft, rel=1e-5)
+    _same_step(got["first"], run_step(one, ppo_batch()), "dp=2 first step")
+    full = _adam_moments(one)
+    assert full == 2 * sum(p.numel() for p in one.policy.parameters())
+    moments = got["moments"]
+    assert all(m <= 0.55 * full for m in moments) and sum(moments) >= full, (moments, full)
+    _same_step(got["second"], run_step(one, ppo_batch(seed=3)), "dp=2 second step")
+    _same_step(got["loaded first"], got["first"], "dp=2 resumed before any update", atol=0)
+    _same_step(got["loaded second"], got["second"], "dp=2 resumed", atol=0)
+    _same_step(got["pp2"], run_step(_backend(MegatronBackend, tiny_hf("qwen2")), ppo_batch()), "pp=2 tied")
+    with pytest.raises(ValueError, match="distributed_optimizer=true: resume with that setting"):
+        _backend(MegatronBackend, tiny_hf("qwen2"), warmup_steps=3).load(str(ckpt))
+
+
 def test_a_loaded_checkpoint_continues_exactly_as_the_saved_backend(tmp_path):
     """Weights, both optimizers' moments, schedules and the minibatch order come back: a backend built
     from other weights and loaded takes the same next step as the one that saved."""
@@ -264,10 +340,19 @@ def test_quickstart_trains_on_the_megatron_backend_and_resumes(tmp_path):
     assert all("critic/value_loss" in r for r in records)
 
 
-def test_torchrun_trains_the_quickstart_at_tp2_driven_by_rank_0(tmp_path):
-    """``torchrun --nproc-per-node 2 ... trainer.megatron.tp=2``: rank 0 runs the trainer and the
-    rollouts, rank 1 follows its backend calls; both write their checkpoint shard; the run ends cleanly
-    and the engine's log-probs are the ones the split model recomputes."""
+@pytest.mark.parametrize(
+    "sizes, files",
+    [
+        (["trainer.megatron.tp=2"], ["megatron-tp0.pt", "megatron-tp1.pt"]),
+        (["trainer.megatron.dp=2", "trainer.megatron.distributed_optimizer=true"], ["megatron-tp0.pt"]),
+    ],
+    ids=["tp2", "dp2-distributed-optimizer"],
+)
+def test_torchrun_trains_the_quickstart_driven_by_rank_0(tmp_path, sizes, files):
+    """``torchrun --nproc-per-node 2 ... trainer.megatron.tp=2`` (or ``dp=2`` with the distributed
+    optimizer): rank 0 runs the trainer and the rollouts, rank 1 follows its backend calls; each
+    tensor-parallel shard's checkpoint file is written (the optimizer's moments gathered into it);
+    the run ends cleanly and the engine's log-probs are the ones the split model recomputes."""
     import json
     import os
     import socket
@@ -290,13 +375,12 @@ def test_torchrun_trains_the_quickstart_at_tp2_driven_by_rank_0(tmp_path):
         f"--master-port={port}",
     ]
     command += ["-m", "agentrl.cli", "train", "recipes/quickstart.yaml", f"run.output_dir={tmp_path}"]
-    command += ["run.iterations=2", "trainer.backend=megatron", "trainer.megatron.tp=2", *SMALL_QUICKSTART]
+    command += ["run.iterations=2", "trainer.backend=megatron", *sizes, *SMALL_QUICKSTART]
     env = {**os.environ, "PYTHONPATH": str(root)}
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = tmp_path / "quickstart"
-    for rank in (0, 1):
-        assert (run / f"checkpoints/iter-000002/megatron-tp{rank}.pt").stat().st_size > 0
+    assert sorted(p.name for p in (run / "checkpoints/iter-000002").glob("megatron-*")) == files
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1]
     assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records)

@@ -7,9 +7,9 @@ with the bf16 matmul peak measured in this run.
 Needs ``pip install agentrl[megatron]`` (megatron-core; on a GPU machine with Python 3.12 the
 0.19 wheel). One process, TP=1: the Megatron backend runs megatron-core's local layer spec (no
 Transformer Engine) with packed rows under an explicit block-diagonal mask, bf16 autocast over
-fp32 weights, torch AdamW; then, unless ``--no-distributed-optimizer``, the same with megatron-core's
-distributed optimizer (``trainer.megatron.distributed_optimizer``; one rank: its code path on CUDA,
-no sharding). The PyTorch backend runs its fastest packing (padded rows, or packed with
+fp32 weights, with megatron-core's distributed optimizer (``trainer.megatron.distributed_optimizer``,
+as the recipe; one rank: its code path on CUDA, no sharding), then again with torch AdamW
+(``--no-distributed-optimizer``: only the latter). The PyTorch backend runs its fastest packing (padded rows, or packed with
 FlexAttention / flash-attn varlen). One step is what the trainer does with a batch: log-probs,
 values, a critic and an actor update. Tokens/s counts the batch's tokens once per step; the
 fraction of peak uses the FLOP count of ``gpu_train_step.py``. The backends are built one at a
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -72,36 +73,46 @@ def main() -> None:
     flops = step_flops(policy, batch, forwards=4, backwards=2)
     common = dict(minibatches=args.minibatches, micro_token_budget=budget, dtype=dtype)
     megatron = f"megatron (local spec, dense mask, recompute {args.recompute})"
-    builders = {
-        "torch (padded)": lambda: TorchBackend(copy.deepcopy(policy), **common),
-        megatron: lambda: MegatronBackend(copy.deepcopy(policy), recompute=args.recompute, **common),
-    }
-    if args.distributed_optimizer:  # last: a failure here leaves the other figures printed
-        builders[f"{megatron}, distributed optimizer"] = lambda: MegatronBackend(
-            copy.deepcopy(policy), recompute=args.recompute, distributed_optimizer=True, **common
+    # the recipe's optimizer first: under a time limit the run without it is the one left out
+    optimizers = [True, False] if args.distributed_optimizer else [False]
+    builders = {"torch (padded)": lambda: TorchBackend(copy.deepcopy(policy), **common)}
+    for sharded in optimizers:
+        name = megatron + (", distributed optimizer" if sharded else "")
+        builders[name] = lambda sharded=sharded: MegatronBackend(
+            copy.deepcopy(policy), recompute=args.recompute, distributed_optimizer=sharded, **common
         )
     head = batch.rows(list(range(min(2, batch.size))))
-    results, reference = {}, None
+    results, reference, failed = {}, None, []
     for name, build in builders.items():
-        backend = build()  # one at a time: each holds a policy, a critic and their Adam moments
-        logps = backend.logprobs(head)
-        if reference is None:
-            reference = logps
-        else:
-            print(
-                f"log-probs, {name} against torch, first rows: largest gap {float((logps - reference).abs().max()):.2e}"
-            )
-        seconds = timed(lambda b=backend: ppo_step(b, copy.copy(batch)), device, args.repeats)
+        try:  # a Megatron run that fails is reported and the next one still runs
+            backend = build()  # one at a time: each holds a policy, a critic and their Adam moments
+            logps = backend.logprobs(head)
+            if reference is None:
+                reference = logps
+            else:
+                gap = float((logps - reference).abs().max())
+                print(f"log-probs, {name} against torch, first rows: largest gap {gap:.2e}")
+            seconds = timed(lambda b=backend: ppo_step(b, copy.copy(batch)), device, args.repeats)
+        except Exception as e:
+            if reference is None:
+                raise
+            failed.append(name)
+            print(f"PPO step, {name}: failed: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            continue
+        finally:
+            backend = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         results[name] = seconds
         print(
             f"PPO step, {name}: {seconds:.2f} s, {tokens / seconds:,.0f} tokens/s, {flops / seconds / peak:.3f} of peak"
         )
-        del backend
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     plain = results.pop("torch (padded)")
     for name, seconds in results.items():
         print(f"{name} / torch tokens/s: {plain / seconds:.2f}x")
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

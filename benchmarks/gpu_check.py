@@ -128,8 +128,10 @@ for name in ("transformers", "triton", "megatron.core", "pydantic", "agentrl"):
 
 
 # left out of the summary (each log keeps them): megatron-core's warnings about missing fused
-# kernels, progress bars
-NOISE = re.compile(r"Warning: |warnings\.warn\(|^\s*$|\d+it/s\]|Loading weights|Writing model shards")
+# kernels and deprecated collectives (with the source line each names), progress bars
+NOISE = re.compile(
+    r"Warning: |warnings\.warn\(|^\s*return func\(|^\s*$|\d+it/s\]|Loading weights|Writing model shards"
+)
 
 
 def run(small: bool, out: Path, site: Path) -> int:

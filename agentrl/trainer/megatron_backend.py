@@ -9,9 +9,10 @@ parallel, numerically the PyTorch backend's twin.
   replicated on every tensor-parallel rank (final norm kept); V(state before token t) is read from
   the hidden state at t-1, as in the PyTorch backend. Zero-initialised, as there.
 - Rows are packed into one sequence per micro-batch under ``micro_token_budget`` tokens, each row
-  attending only to itself through an explicit block-diagonal causal mask (the CPU reference path;
-  RoPE at the packed positions: within one row every query-key offset is the row's own, so scores
-  are those of the row alone).
+  attending only to itself: on a GPU through THD ``PackedSeqParams`` (``cu_seqlens``), each row's
+  causal attention run on its own with no ``[T, T]`` mask (``megatron_attention``); on CPU through an
+  explicit block-diagonal causal mask (the reference path; RoPE at the packed positions: within one
+  row every query-key offset is the row's own, so scores are those of the row alone).
 - Updates: gradient accumulation with each micro-batch's share of the minibatch's trainable
   tokens (as the PyTorch backend), data-parallel ranks each take every ``dp``-th row of a
   minibatch and sum their gradients, the gradient norm counts tensor-parallel shards once,
@@ -116,12 +117,15 @@ class MegatronBackend:
         driven: bool = False,
         recompute: str = "none",
         distributed_optimizer: bool = False,
+        attention: str = "auto",
     ):
         """``driven``: rank 0 alone calls the backend and the other ranks ``follow()`` (the trainer);
         otherwise every rank makes every call itself (a script run by torchrun on all ranks).
         ``recompute``: activation recomputation, ``none`` | ``selective`` | ``full``
         (``megatron_convert.RECOMPUTE``). ``distributed_optimizer``: Megatron's, its Adam moments
-        sharded over the data-parallel ranks (``megatron_optim``); otherwise torch AdamW on every rank."""
+        sharded over the data-parallel ranks (``megatron_optim``); otherwise torch AdamW on every rank.
+        ``attention``: how packed rows are kept apart, ``rows`` (THD ``cu_seqlens``, no mask) or
+        ``mask`` (the block-diagonal reference); ``auto``: ``rows`` on CUDA, ``mask`` on CPU."""
         from megatron.core import parallel_state as ps
 
         init_parallel(tp, pp, dp, seed)
@@ -158,6 +162,9 @@ class MegatronBackend:
             )
         self.autocast = dtype == "bfloat16"
         self.recompute = recompute
+        if attention not in ("auto", "rows", "mask"):
+            raise ValueError(f"attention={attention!r}: use auto, rows or mask")
+        self.rows = attention == "rows" or (attention == "auto" and self.device.type == "cuda")
         hf_state = {k: v.detach().float().cpu() for k, v in policy.state_dict().items()}
         self.policy = self._gpt(hf_state, value=False)
         self.critic = self._gpt(hf_state, value=True) if critic else None
@@ -195,7 +202,9 @@ class MegatronBackend:
     # -- models --
     def _gpt(self, hf_state: dict[str, Tensor], *, value: bool) -> nn.Module:
         tp = dist.get_world_size(self.tp_group)
-        model = build_gpt(self.hf_config, cpu=self.device.type == "cpu", recompute=self.recompute)
+        model = build_gpt(
+            self.hf_config, cpu=self.device.type == "cpu", recompute=self.recompute, rows=self.rows
+        )
         state = hf_to_megatron(hf_state, self.hf_config, tp, self.tp_rank)
         missing, unexpected = model.load_state_dict(
             to_stage(state, self.hf_config, self.pp, self.pp_rank), strict=False
@@ -265,9 +274,27 @@ class MegatronBackend:
             segments.append(torch.full((n,), k))
             src.append(torch.arange(start, start + n - 1))
             start += n
-        seg = torch.cat(segments)
-        causal = torch.tril(torch.ones(start, start, dtype=torch.bool))
-        masked = ~(causal & (seg[:, None] == seg[None, :]))  # Megatron: True = may not attend
+        if self.rows:  # each row's attention on its own
+            from megatron.core.packed_seq_params import PackedSeqParams
+
+            ends = torch.tensor([0, *batch.lengths[rows].tolist()]).cumsum(0).to(torch.int32)
+            longest = int(batch.lengths[rows].max())
+            cu = ends.to(self.device)
+            kwargs: dict[str, Any] = {
+                "attention_mask": None,
+                "packed_seq_params": PackedSeqParams(
+                    qkv_format="thd",
+                    cu_seqlens_q=cu,
+                    cu_seqlens_kv=cu,
+                    max_seqlen_q=longest,
+                    max_seqlen_kv=longest,
+                ),
+            }
+        else:
+            seg = torch.cat(segments)
+            causal = torch.tril(torch.ones(start, start, dtype=torch.bool))
+            masked = ~(causal & (seg[:, None] == seg[None, :]))  # Megatron: True = may not attend
+            kwargs = {"attention_mask": masked[None, None].to(self.device)}
         if not self.first:  # the previous stage's output, [S, 1, H]
             x = torch.empty((start, 1, self.hf_config.hidden_size), device=self.device)
             dist.recv(x, src=self.prev_rank)
@@ -275,9 +302,7 @@ class MegatronBackend:
             model.set_input_tensor(x)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             out = model(
-                torch.cat(ids)[None].to(self.device),
-                torch.cat(positions)[None].to(self.device),
-                masked[None, None].to(self.device),
+                torch.cat(ids)[None].to(self.device), torch.cat(positions)[None].to(self.device), **kwargs
             )
         if not self.last:  # on to the next stage; the gradient comes back in _step
             dist.send(out.detach().float().contiguous(), dst=self.next_rank)

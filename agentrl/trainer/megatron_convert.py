@@ -239,13 +239,21 @@ def _recompute(mode: str) -> dict[str, Any]:
     raise ValueError(f"trainer.megatron.recompute={mode!r}: use one of {', '.join(RECOMPUTE)}")
 
 
-def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True, recompute: str = "none"):
+def build_gpt(
+    c: Any,
+    *,
+    dtype: torch.dtype = torch.float32,
+    cpu: bool = True,
+    recompute: str = "none",
+    rows: bool = False,
+):
     """A megatron-core ``GPTModel`` shaped like the HF config ``c`` (random weights; load them with
     ``hf_to_megatron``), for the model-parallel groups already initialised.
 
     Local layer spec (no Transformer Engine): RMSNorm, SwiGLU, GQA, RoPE at ``rope_theta``
     (Megatron's rotate-half RoPE is HF's), no dropout, every fusion off (they need CUDA kernels or
-    Apex; on GPU the backend may turn them on)."""
+    Apex; on GPU the backend may turn them on). ``rows``: its core attention also reads THD
+    ``PackedSeqParams`` (``megatron_attention.RowAttention``), so packed rows need no mask."""
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -295,9 +303,14 @@ def build_gpt(c: Any, *, dtype: torch.dtype = torch.float32, cpu: bool = True, r
             cuda_graph_scope=[],  # no CUDA graphs; megatron-core 0.16's default, "full", warns as deprecated
             **_recompute(recompute),
         )
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if rows:
+        from agentrl.trainer.megatron_attention import RowAttention
+
+        spec.submodules.self_attention.submodules.core_attention = RowAttention
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=spec,
         vocab_size=padded_vocab(c.vocab_size, tp),
         max_sequence_length=c.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

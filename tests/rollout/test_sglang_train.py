@@ -1,9 +1,11 @@
 """End to end: a 2-iteration PPO run with ``engine.kind: sglang`` pointed at ``agentrl serve local``,
-weights synced by disk. The engine's version advances at each sync, and every rollout's log-probs
-equal the trainer's recomputation with the weights it was sampled from (fp32, 1e-4)."""
+weights synced by disk, trained by the PyTorch or the Megatron backend. The engine's version
+advances at each sync, and every rollout's log-probs equal the trainer's recomputation with the
+weights it was sampled from (fp32, 1e-4)."""
 
 import json
 
+import pytest
 import torch
 
 from agentrl.config import TrainConfig, load_config
@@ -36,8 +38,12 @@ TOY = [
 ]
 
 
-def test_two_iterations_against_serve_local_with_weight_sync_by_disk(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_two_iterations_against_serve_local_with_weight_sync_by_disk(tmp_path, backend):
     from agentrl.trainer.ppo import main
+
+    if backend == "megatron":
+        pytest.importorskip("megatron.core")
 
     probe_cfg = load_config(TrainConfig, None, TOY)
     served_model, tok = load_policy(probe_cfg, env_factory(probe_cfg)())  # the policy's shape and tokenizer
@@ -54,6 +60,7 @@ def test_two_iterations_against_serve_local_with_weight_sync_by_disk(tmp_path):
                 "engine.kind=sglang",
                 f"engine.url={url}",
                 "engine.model_path=tiny-magic",
+                f"trainer.backend={backend}",
             ],
         )
         summary = main(cfg)
@@ -69,10 +76,10 @@ def test_two_iterations_against_serve_local_with_weight_sync_by_disk(tmp_path):
     assert versions[:8] == [{"1"}] * 8 and versions[8:16] == [{"2"}] * 8, versions
     # The trainer's recomputation (its backend, fp32) with the weights of iteration 1's rollouts (the
     # checkpoint after iteration 0) gives the log-probs the server reported, token by token.
-    backend = BACKENDS.factory("torch")(load_policy(cfg, env_factory(cfg)())[0], cfg)
-    Checkpoints(run).load(run / "checkpoints" / "iter-000001", backend)
+    trainer = BACKENDS.factory(backend)(load_policy(cfg, env_factory(cfg)())[0], cfg)
+    Checkpoints(run).load(run / "checkpoints" / "iter-000001", trainer)
     batch = Batch.from_trajectories(trajectories[8:16])
-    recomputed = backend.logprobs(batch, cfg.rollout.temperature)
+    recomputed = trainer.logprobs(batch, cfg.rollout.temperature)
     gap = (recomputed - batch.rollout_logprobs)[batch.loss_mask].abs()
     assert gap.numel() > 0 and float(gap.max()) < 1e-4, float(gap.max())
     # Collection and sync alternate: no token was sampled with weights older than the trainer's.

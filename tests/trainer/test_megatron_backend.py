@@ -172,6 +172,31 @@ def test_recomputed_activations_keep_less_and_give_the_same_step():
         MegatronBackend(copy.deepcopy(model), recompute="some")
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_packed_rows_by_cu_seqlens_match_the_mask_and_keep_no_square_of_the_pack(kind):
+    """``attention="rows"`` (THD ``PackedSeqParams``, each row's causal attention on its own, the
+    GPU's path) against the block-diagonal mask (the CPU reference): the same log-probs, values and
+    step, with activations recomputed too; the forward keeps less (no ``[heads, T, T]`` scores over
+    the pack). The 40-token budget packs the 31-token row alone and the 24- and 15-token rows
+    together, so both of megatron's THD RoPE cases run (one row: the pack's length; several)."""
+    model = tiny_hf(kind)
+    batch = ppo_batch()
+    for recompute in ("none", "selective"):
+        mask = _backend(MegatronBackend, copy.deepcopy(model), attention="mask", recompute=recompute)
+        rows = _backend(MegatronBackend, copy.deepcopy(model), attention="rows", recompute=recompute)
+        if recompute == "none":
+            assert _saved_bytes(rows, batch) < _saved_bytes(mask, batch)
+        want, got = run_step(mask, batch), run_step(rows, batch)
+        torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0)
+        for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5), (recompute, key)
+        for name, w in want["weights"].items():
+            torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=f"{recompute} {name}")
+    with pytest.raises(ValueError, match="attention='thd': use auto, rows or mask"):
+        MegatronBackend(copy.deepcopy(model), attention="thd")
+
+
 def test_bad_sizes_stop_with_the_values_named():
     model = tiny_hf("qwen2")
     with pytest.raises(ValueError, match=r"tp=1 \* pp=1 \* dp=2 = 2 ranks, but 1 processes"):
@@ -187,8 +212,11 @@ def _worker(rank: int, world: int, store_path: str, cases: list, out_path: str) 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     torch.set_num_threads(1)
     got = [
-        run_step(_backend(MegatronBackend, tiny_hf(kind), tp=tp, pp=pp, dp=dp, recompute=re), ppo_batch())
-        for kind, tp, pp, dp, re in cases
+        run_step(
+            _backend(MegatronBackend, tiny_hf(kind), tp=tp, pp=pp, dp=dp, recompute=re, attention=at),
+            ppo_batch(),
+        )
+        for kind, tp, pp, dp, re, at in cases
     ]
     if rank == 0:
         torch.save(got, out_path)
@@ -201,23 +229,26 @@ def test_tp2_pp2_and_dp2_match_one_process(tmp_path):
     q/k/v biases; pipeline-parallel: Llama, and Qwen2 with its embedding tied across the stages;
     data-parallel) give the log-probs, values, losses, gradient norms and updated weights of one
     process on the same global batch; with activations recomputed too (whole layers at TP=2,
-    core attention at PP=2), against one process that keeps them."""
+    core attention at PP=2), against one process that keeps them; and with packed rows kept apart
+    by ``cu_seqlens`` (TP=2, PP=2) against one process with the mask."""
     import torch.multiprocessing as mp
 
     cases = [
-        ("llama", 2, 1, 1, "none"),
-        ("qwen2", 2, 1, 1, "none"),
-        ("llama", 1, 2, 1, "none"),
-        ("qwen2", 1, 2, 1, "none"),
-        ("qwen2", 1, 1, 2, "none"),
-        ("llama", 2, 1, 1, "full"),
-        ("qwen2", 1, 2, 1, "selective"),
+        ("llama", 2, 1, 1, "none", "mask"),
+        ("qwen2", 2, 1, 1, "none", "mask"),
+        ("llama", 1, 2, 1, "none", "mask"),
+        ("qwen2", 1, 2, 1, "none", "mask"),
+        ("qwen2", 1, 1, 2, "none", "mask"),
+        ("llama", 2, 1, 1, "full", "mask"),
+        ("qwen2", 1, 2, 1, "selective", "mask"),
+        ("qwen2", 2, 1, 1, "none", "rows"),
+        ("llama", 1, 2, 1, "selective", "rows"),
     ]
     out = tmp_path / "out.pt"
     mp.spawn(_worker, args=(2, str(tmp_path / "store"), cases, str(out)), nprocs=2, join=True)
-    for (kind, tp, pp, dp, re), got in zip(cases, torch.load(out, weights_only=False), strict=True):
+    for (kind, tp, pp, dp, re, at), got in zip(cases, torch.load(out, weights_only=False), strict=True):
         want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
-        case = f"{kind} tp={tp} pp={pp} dp={dp} recompute={re}"
+        case = f"{kind} tp={tp} pp={pp} dp={dp} recompute={re} attention={at}"
         torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0, msg=case)
         torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0, msg=case)
         for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm"):

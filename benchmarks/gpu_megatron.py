@@ -6,8 +6,8 @@ with the bf16 matmul peak measured in this run.
 
 Needs ``pip install agentrl[megatron]`` (megatron-core; on a GPU machine with Python 3.12 the
 0.19 wheel). One process, TP=1: the Megatron backend runs megatron-core's local layer spec (no
-Transformer Engine) with packed rows kept apart by THD ``cu_seqlens`` on a GPU (each row's causal
-attention on its own, no ``[T, T]`` mask; on CPU the block-diagonal mask), bf16 autocast over
+Transformer Engine) with packed rows kept apart by THD ``cu_seqlens`` (each row's causal attention
+on its own, no ``[T, T]`` mask), bf16 autocast over
 fp32 weights, with megatron-core's distributed optimizer (``trainer.megatron.distributed_optimizer``,
 as the recipe; one rank: its code path on CUDA, no sharding), then again with torch AdamW
 (``--no-distributed-optimizer``: only the latter). The PyTorch backend runs its fastest packing (padded rows, or packed with
@@ -48,7 +48,7 @@ def main() -> None:
         default="none",
         choices=["none", "selective", "full"],
         help="the Megatron backend's activation recomputation (default none, as the PyTorch backend; "
-        "the rows' attention keeps no [heads, S, S] scores on a GPU)",
+        "each row's attention keeps no [heads, S, S] scores)",
     )
     parser.add_argument(
         "--no-distributed-optimizer",
@@ -72,8 +72,7 @@ def main() -> None:
     policy = make_policy(shape, device)
     flops = step_flops(policy, batch, forwards=4, backwards=2)
     common = dict(minibatches=args.minibatches, micro_token_budget=budget, dtype=dtype)
-    packing = "rows by cu_seqlens" if device.type == "cuda" else "dense mask"
-    megatron = f"megatron (local spec, {packing}, recompute {args.recompute})"
+    megatron = f"megatron (local spec, rows by cu_seqlens, recompute {args.recompute})"
     # the recipe's optimizer first: under a time limit the run without it is the one left out
     optimizers = [True, False] if args.distributed_optimizer else [False]
     builders = {"torch (padded)": lambda: TorchBackend(copy.deepcopy(policy), **common)}

@@ -9,10 +9,11 @@ parallel, numerically the PyTorch backend's twin.
   replicated on every tensor-parallel rank (final norm kept); V(state before token t) is read from
   the hidden state at t-1, as in the PyTorch backend. Zero-initialised, as there.
 - Rows are packed into one sequence per micro-batch under ``micro_token_budget`` tokens, each row
-  attending only to itself: on a GPU through THD ``PackedSeqParams`` (``cu_seqlens``), each row's
-  causal attention run on its own with no ``[T, T]`` mask (``megatron_attention``); on CPU through an
-  explicit block-diagonal causal mask (the reference path; RoPE at the packed positions: within one
-  row every query-key offset is the row's own, so scores are those of the row alone).
+  attending only to itself: through THD ``PackedSeqParams`` (``cu_seqlens``), each row's causal
+  attention run on its own with no ``[T, T]`` mask (``megatron_attention``); or, with
+  ``attention="mask"``, through an explicit block-diagonal causal mask over the pack (the reference
+  the tests compare against; RoPE at the packed positions: within one row every query-key offset
+  is the row's own, so scores are those of the row alone).
 - Updates: gradient accumulation with each micro-batch's share of the minibatch's trainable
   tokens (as the PyTorch backend), data-parallel ranks each take every ``dp``-th row of a
   minibatch and sum their gradients, the gradient norm counts tensor-parallel shards once,
@@ -117,7 +118,7 @@ class MegatronBackend:
         driven: bool = False,
         recompute: str = "none",
         distributed_optimizer: bool = False,
-        attention: str = "auto",
+        attention: str = "rows",
     ):
         """``driven``: rank 0 alone calls the backend and the other ranks ``follow()`` (the trainer);
         otherwise every rank makes every call itself (a script run by torchrun on all ranks).
@@ -125,7 +126,7 @@ class MegatronBackend:
         (``megatron_convert.RECOMPUTE``). ``distributed_optimizer``: Megatron's, its Adam moments
         sharded over the data-parallel ranks (``megatron_optim``); otherwise torch AdamW on every rank.
         ``attention``: how packed rows are kept apart, ``rows`` (THD ``cu_seqlens``, no mask) or
-        ``mask`` (the block-diagonal reference); ``auto``: ``rows`` on CUDA, ``mask`` on CPU."""
+        ``mask`` (the block-diagonal reference: ``benchmarks/megatron_packing.py`` measures both)."""
         from megatron.core import parallel_state as ps
 
         init_parallel(tp, pp, dp, seed)
@@ -162,9 +163,9 @@ class MegatronBackend:
             )
         self.autocast = dtype == "bfloat16"
         self.recompute = recompute
-        if attention not in ("auto", "rows", "mask"):
-            raise ValueError(f"attention={attention!r}: use auto, rows or mask")
-        self.rows = attention == "rows" or (attention == "auto" and self.device.type == "cuda")
+        if attention not in ("rows", "mask"):
+            raise ValueError(f"attention={attention!r}: use rows or mask")
+        self.rows = attention == "rows"
         hf_state = {k: v.detach().float().cpu() for k, v in policy.state_dict().items()}
         self.policy = self._gpt(hf_state, value=False)
         self.critic = self._gpt(hf_state, value=True) if critic else None

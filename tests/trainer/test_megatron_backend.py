@@ -175,7 +175,7 @@ def test_recomputed_activations_keep_less_and_give_the_same_step():
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_packed_rows_by_cu_seqlens_match_the_mask_and_keep_no_square_of_the_pack(kind):
     """``attention="rows"`` (THD ``PackedSeqParams``, each row's causal attention on its own, the
-    GPU's path) against the block-diagonal mask (the CPU reference): the same log-probs, values and
+    default) against the block-diagonal mask (the reference): the same log-probs, values and
     step, with activations recomputed too; the forward keeps less (no ``[heads, T, T]`` scores over
     the pack). The 40-token budget packs the 31-token row alone and the 24- and 15-token rows
     together, so both of megatron's THD RoPE cases run (one row: the pack's length; several)."""
@@ -193,7 +193,7 @@ def test_packed_rows_by_cu_seqlens_match_the_mask_and_keep_no_square_of_the_pack
             assert got[key] == pytest.approx(want[key], rel=1e-5), (recompute, key)
         for name, w in want["weights"].items():
             torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=f"{recompute} {name}")
-    with pytest.raises(ValueError, match="attention='thd': use auto, rows or mask"):
+    with pytest.raises(ValueError, match="attention='thd': use rows or mask"):
         MegatronBackend(copy.deepcopy(model), attention="thd")
 
 
@@ -247,7 +247,7 @@ def test_tp2_pp2_and_dp2_match_one_process(tmp_path):
     out = tmp_path / "out.pt"
     mp.spawn(_worker, args=(2, str(tmp_path / "store"), cases, str(out)), nprocs=2, join=True)
     for (kind, tp, pp, dp, re, at), got in zip(cases, torch.load(out, weights_only=False), strict=True):
-        want = run_step(_backend(MegatronBackend, tiny_hf(kind)), ppo_batch())
+        want = run_step(_backend(MegatronBackend, tiny_hf(kind), attention="mask"), ppo_batch())
         case = f"{kind} tp={tp} pp={pp} dp={dp} recompute={re} attention={at}"
         torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=0, msg=case)
         torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=0, msg=case)

@@ -250,9 +250,10 @@ class MegatronConfig(Section):
     ``torchrun`` must start ``tp * pp * dp`` processes (one process alone: all three 1)."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation, megatron-core's: ``selective`` recomputes each layer's core
-    attention in the backward pass (its ``[heads, S, S]`` scores are not kept: long packed rows fit
-    in memory), ``full`` recomputes whole layers from their inputs (the least memory, about one more
-    forward pass per step). The same gradients either way."""
+    attention in the backward pass (what attention keeps is not kept: each row's ``[heads, s, s]``
+    scores where the kernel stores them, as on CPU; a GPU's flash kernels keep little), ``full``
+    recomputes whole layers from their inputs (the least memory, about one more forward pass per
+    step). The same gradients either way."""
     distributed_optimizer: bool = False
     """Megatron's distributed optimizer: each data-parallel rank keeps Adam's moments for 1/dp of
     the weights, gradients are reduce-scattered and the updated weights all-gathered (ZeRO-1). The

@@ -476,13 +476,24 @@ main(load_config(TrainConfig, None, sys.argv[1:]))
 """
 
 
-# The Megatron backend's case runs in the slow suite (make test-slow): 80 s of three runs.
-@pytest.mark.parametrize("backend", ["torch", pytest.param("megatron", marks=pytest.mark.slow)])
+# The Megatron backend's cases run in the slow suite (make test-slow): about 25 s of three runs each.
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "torch",
+        pytest.param("megatron", marks=pytest.mark.slow),
+        pytest.param("megatron-distributed-optimizer", marks=pytest.mark.slow),
+    ],
+)
 def test_kill_9_mid_iteration_then_resume_loses_and_repeats_no_batch(tmp_path, backend):
-    if backend == "megatron":
-        pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
     args = [*TOY, "run.iterations=6", "env.eval_tasks=2", "rollout.tasks_per_iteration=6"]
-    args.append(f"trainer.backend={backend}")
+    if backend.startswith("megatron"):
+        pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
+        args.append("trainer.backend=megatron")
+        if backend.endswith("distributed-optimizer"):
+            args.append("trainer.megatron.distributed_optimizer=true")
+    else:
+        args.append(f"trainer.backend={backend}")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def run(out, *extra):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -266,21 +267,17 @@ class MegatronBackend:
     def _hidden(self, model: nn.Module, batch: Batch, rows: list[int]) -> Tensor:
         """The model's output at the first ``length - 1`` tokens of each row, concatenated:
         ``[sum(len - 1), H]`` (policy: hidden states; value model: ``[.., 1]``)."""
-        ids, positions, segments, src = [], [], [], []
-        start = 0
-        for k, r in enumerate(rows):
-            n = int(batch.lengths[r])
-            ids.append(batch.input_ids[r, :n])
-            positions.append(torch.arange(n))
-            segments.append(torch.full((n,), k))
-            src.append(torch.arange(start, start + n - 1))
-            start += n
+        lengths = [int(batch.lengths[r]) for r in rows]
+        ends = torch.tensor([0, *lengths]).cumsum(0)  # each row's start in the pack, then its end
+        start = int(ends[-1])
+        ids = [batch.input_ids[r, :n] for r, n in zip(rows, lengths, strict=True)]
+        positions = [torch.arange(n) for n in lengths]
+        src = [torch.arange(a, b - 1) for a, b in pairwise(ends.tolist())]
         if self.rows:  # each row's attention on its own
             from megatron.core.packed_seq_params import PackedSeqParams
 
-            ends = torch.tensor([0, *batch.lengths[rows].tolist()]).cumsum(0).to(torch.int32)
-            longest = int(batch.lengths[rows].max())
-            cu = ends.to(self.device)
+            longest = max(lengths)
+            cu = ends.to(device=self.device, dtype=torch.int32)
             kwargs: dict[str, Any] = {
                 "attention_mask": None,
                 "packed_seq_params": PackedSeqParams(
@@ -292,7 +289,7 @@ class MegatronBackend:
                 ),
             }
         else:
-            seg = torch.cat(segments)
+            seg = torch.arange(len(rows)).repeat_interleave(torch.tensor(lengths))
             causal = torch.tril(torch.ones(start, start, dtype=torch.bool))
             masked = ~(causal & (seg[:, None] == seg[None, :]))  # Megatron: True = may not attend
             kwargs = {"attention_mask": masked[None, None].to(self.device)}
@@ -412,6 +409,7 @@ class MegatronBackend:
         trainable = batch.loss_mask.any(1).tolist()
         sharded = isinstance(opt, DistributedAdam)
         params = opt.params() if sharded else [p for group in opt.param_groups for p in group["params"]]
+        gradient = opt.gradient if sharded else _grad
         for _ in range(epochs):
             for rows in self._minibatches(batch, minibatches):
                 if sharded:
@@ -438,7 +436,6 @@ class MegatronBackend:
                         self._stage_output.backward(grad.to(self._stage_output.dtype))
                     if not self.first:
                         dist.send(self._stage_input.grad.float().contiguous(), dst=self.prev_rank)
-                gradient = opt.gradient if sharded else _grad
                 if self.dp > 1:  # the distributed optimizer reduce-scatters the gradients itself
                     self._dp_sum([] if sharded else params, metrics)
                 if self.pp > 1:

@@ -267,7 +267,8 @@ def build_gpt(
         raise ValueError(f"trainer.megatron.pp={pp} must divide the model's {c.num_hidden_layers} layers")
     with warnings.catch_warnings():
         # selective recompute warns that Transformer Engine's fused attention needs none: this is
-        # the local spec, whose core attention keeps its [heads, S, S] scores
+        # the local spec, whose core attention may keep [heads, s, s] scores (the mask's, or a
+        # row's where SDPA runs its math kernel, as on CPU)
         warnings.filterwarnings("ignore", message=".*core_attn recompute is really needed")
         config = TransformerConfig(
             num_layers=c.num_hidden_layers,

@@ -8,7 +8,8 @@
 - Its activation recomputation (``trainer.megatron.recompute``) saves and restores the CUDA
   generator's state around each recomputed piece: without CUDA there is none to keep (the CPU
   generator's state is still kept), so those two calls do nothing.
-- ``get_default_causal_mask`` allocates on ``cuda``: the backend always passes an explicit mask.
+- ``get_default_causal_mask`` allocates on ``cuda``: the backend never asks for it (it passes an
+  explicit mask, or THD rows whose attention reads no mask).
 - Sequence parallelism and every fused kernel stay off (``megatron_convert.build_gpt``).
 - Its distributed optimizer allocates small tensors on ``device='cuda'`` by name, moves state with
   ``.cuda()`` and checks ``param.type()`` against ``'torch.cuda.FloatTensor'``: ``optimizer_calls()``

@@ -118,7 +118,7 @@ class ModelConfig(Section):
     """Hidden size of the tiny random model (``name: tiny``)."""
     tiny_layers: int = Field(2, ge=1)
     """Layers of the tiny random model (``name: tiny``)."""
-    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    dtype: Literal["float32", "bfloat16", "auto"] = "auto"
     """Compute precision of training (bf16 autocast); ``auto``: bfloat16 on CUDA, float32 on CPU."""
     init: str | None = None
     """Policy weights to start from: a state-dict file (e.g. another run's ``warm_start.pt``) or a run's
@@ -369,8 +369,9 @@ class OptimConfig(Section):
     ``attention``); ``padded``: length-bucketed rows, each micro-batch padded to its own longest."""
     attention: Literal["auto", "dense", "flex", "varlen"] = "auto"
     """How packed rows keep to themselves: ``flex`` (FlexAttention, a document mask), ``varlen``
-    (flash-attn's variable-length kernel), ``dense`` (a ``[T, T]`` mask; the CPU reference);
-    ``auto``: varlen on CUDA with flash-attn installed, else flex on CUDA, dense on CPU."""
+    (flash-attn's variable-length kernel; bf16 only), ``dense`` (a ``[T, T]`` mask; the CPU
+    reference); ``auto``: varlen on CUDA with flash-attn installed and bf16, else flex on CUDA,
+    dense on CPU."""
     logprob_chunk: int = Field(1024, ge=16)
     """Vocabulary rows per chunk of the log-prob computation (the ``[tokens, vocab]`` logits are never whole)."""
 

@@ -191,7 +191,7 @@ def main() -> None:
         f"device {device}; {rows} rows, {tokens} tokens ({low}-{high} each); matmul peak {peak / 1e12:.3g} TFLOP/s"
     )
     policy = make_policy(shape, device)
-    attention = resolve_attention("auto", device)
+    attention = resolve_attention("auto", device, "bfloat16" if device.type == "cuda" else "float32")
     if device.type == "cuda":
         gap = check_packed_gradients(policy, batch, device, attention)
         print(f"packed ({attention}) actor gradients against the dense mask's: relative gap {gap:.2e}")

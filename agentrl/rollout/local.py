@@ -356,10 +356,15 @@ def _read_weights(path: str) -> dict[str, torch.Tensor]:
 
 def from_config(policy, cfg) -> LocalEngine:
     """``engine.kind: local``: the embedded engine over its own copy of the policy's weights (synced
-    from the trainer after every update)."""
+    from the trainer after every update), held in bf16 where the trainer computes in bf16
+    (``model.dtype``; ``auto`` on CUDA), as an inference server holds them."""
     import copy
 
+    from agentrl.device import resolve_dtype
+
     served = copy.deepcopy(policy).eval()
+    if resolve_dtype(cfg.model.dtype, next(policy.parameters()).device) == "bfloat16":
+        served.to(torch.bfloat16)  # weight updates from the trainer's fp32 copy are cast on load
     if hasattr(served, "set_attn_implementation"):
         served.set_attn_implementation("sdpa")  # decoding with a KV cache: whatever the trainer packs with
     return LocalEngine(served)

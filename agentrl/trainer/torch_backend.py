@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 from pathlib import Path
 from typing import Any
@@ -113,22 +114,32 @@ def _padded_inputs(batch: Batch, rows: list[int], device) -> dict[str, Tensor]:
 ATTENTION = ("auto", "dense", "flex", "varlen")
 """How packed rows attend only within themselves: ``dense`` (a ``[T, T]`` block-diagonal boolean
 mask with SDPA; the CPU reference), ``flex`` (FlexAttention with a document mask, no ``[T, T]``
-tensor), ``varlen`` (flash-attn's variable-length kernel, found from the reset position ids);
-``auto``: varlen on CUDA when flash-attn is installed, else flex on CUDA, dense on CPU."""
+tensor), ``varlen`` (flash-attn's variable-length kernel, given the rows' boundaries; bf16 only);
+``auto``: varlen on CUDA when flash-attn is installed and the dtype is bf16, else flex on CUDA,
+dense on CPU."""
 
 _ATTN_IMPLEMENTATION = {"dense": "sdpa", "flex": "flex_attention", "varlen": "flash_attention_2"}
 
 
-def resolve_attention(attention: str, device: torch.device) -> str:
+def resolve_attention(attention: str, device: torch.device, dtype: str = "float32") -> str:
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}; got {attention!r}")
+    flash = importlib.util.find_spec("flash_attn") is not None
+    if attention == "varlen" and not flash:
+        raise ValueError(
+            "attention='varlen' runs flash-attn's variable-length kernel, and flash-attn is not "
+            "installed: install it (pip install flash-attn), or set attention to 'flex' or 'auto'"
+        )
+    if attention == "varlen" and dtype != "bfloat16":
+        raise ValueError(
+            f"attention='varlen' needs dtype 'bfloat16' (flash-attn has no float32 kernel); got "
+            f"{dtype!r}: set model.dtype to bfloat16 (auto is bfloat16 on CUDA), or attention to 'flex'"
+        )
     if attention != "auto":
         return attention
     if device.type != "cuda":
         return "dense"
-    import importlib.util
-
-    return "varlen" if importlib.util.find_spec("flash_attn") is not None else "flex"
+    return "varlen" if flash and dtype == "bfloat16" else "flex"
 
 
 def _packed_inputs(
@@ -172,7 +183,13 @@ def _packed_inputs(
         kwargs["attention_mask"] = create_block_mask(
             same_row_causal, None, None, total, total, device=str(device)
         )
-    # varlen: no mask; flash-attn's path reads the row boundaries from the reset position ids
+    elif attention == "varlen":
+        # No mask: flash-attn's kernel takes the row boundaries. Given here once per forward; from
+        # the reset position ids alone, every layer would search for them again (a device sync each).
+        bounds = torch.tensor([0] + [s + n for _, s, n in spans], dtype=torch.int32, device=device)
+        longest = max(n for _, _, n in spans)
+        kwargs |= {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds}
+        kwargs |= {"max_length_q": longest, "max_length_k": longest}
     return kwargs, spans
 
 
@@ -205,7 +222,7 @@ class TorchBackend:
         self.device = next(policy.parameters()).device
         # Packed rows need an attention that keeps each row to itself; set before the critic and
         # the reference are copied from the policy, so that they use it too.
-        self.attention = resolve_attention(attention, self.device) if packing == "packed" else "dense"
+        self.attention = resolve_attention(attention, self.device, dtype) if packing == "packed" else "dense"
         if packing == "packed" and hasattr(policy, "set_attn_implementation"):
             policy.set_attn_implementation(_ATTN_IMPLEMENTATION[self.attention])
         self.critic = ValueModel(policy).to(self.device).train() if critic else None

@@ -128,6 +128,36 @@ def test_update_weights_swaps_weights_and_bumps_version(tiny):
     asyncio.run(go())
 
 
+def test_the_embedded_engine_holds_bf16_weights_where_the_trainer_computes_in_bf16(tiny):
+    """``model.dtype``: ``auto`` is float32 on the CPU, so the engine's copy stays fp32 here; bfloat16
+    (what ``auto`` is on CUDA) gives a bf16 copy, which decodes, reports fp32 log-probs close to the
+    fp32 model's, and takes the trainer's fp32 weights on update, cast."""
+    from agentrl.config import TrainConfig, load_config
+    from agentrl.rollout.local import from_config
+
+    model, tok = tiny
+    prompt = tok.encode("def add(a, b):", add_special_tokens=False)
+    greedy = SamplingParams(max_new_tokens=8, temperature=0)
+    assert from_config(model, load_config(TrainConfig)).model.dtype == torch.float32
+    engine = from_config(model, load_config(TrainConfig, overrides=["model.dtype=bfloat16"]))
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the trainer's copy is untouched
+    other, _ = tiny_chat_model(seed=1)
+
+    async def go():
+        for weights in (model, other):
+            if weights is other:
+                assert await engine.update_weights(other.state_dict()) == "1"
+                assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+            got = await engine.generate(prompt, greedy)
+            assert got.logprobs and all(isinstance(x, float) for x in got.logprobs)
+            ref = reference_logprobs(weights, prompt, got.output_ids, 0)
+            assert max(abs(a - b) for a, b in zip(ref, got.logprobs, strict=True)) < 0.02
+        await engine.close()
+
+    asyncio.run(go())
+
+
 def test_update_weights_from_disk_file_or_model_directory(tiny, tmp_path):
     from agentrl.rollout.engine import Engine
 

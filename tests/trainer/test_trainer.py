@@ -3,6 +3,7 @@ the loss, a run killed with -9 resumes with no batch lost or seen twice, recipes
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -213,6 +214,128 @@ def test_packed_rows_with_flex_attention_match_padded_ones_and_train_the_same():
         for key in (("packed", "dense"), ("packed", "flex")):
             gap = float((made[key].logprobs(batch) - padded)[mask].abs().max())
             assert gap < tol, (dtype, key, gap)
+
+
+def flash_attn_stand_in(calls: list):
+    """A pure-torch stand-in for flash-attn's kernel module, for the one call the packed path makes.
+
+    ``flash_attn_varlen_func`` has the signature of flash-attn 2.8.3's (``flash_attn_interface.py``;
+    transformers reads it to decide which keyword arguments to pass) and its rules: q ``[total, heads,
+    dim]``, k and v with fewer heads for GQA, int32 ``cu_seqlens``, fp16/bf16 only, causal within each
+    sequence. It upcasts to fp32 like the kernel's accumulator and has a backward (autograd)."""
+    import types
+    from importlib.machinery import ModuleSpec
+
+    def flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+        softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+        deterministic=False, return_attn_probs=False, block_table=None,
+    ):  # fmt: skip
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            raise RuntimeError("FlashAttention only supports fp16 and bf16 data types")
+        assert cu_seqlens_q.dtype == torch.int32 and torch.equal(cu_seqlens_q, cu_seqlens_k)
+        assert (dropout_p, tuple(window_size), softcap, alibi_slopes) == (0.0, (-1, -1), 0.0, None)
+        bounds = cu_seqlens_q.tolist()
+        assert bounds[0] == 0 and bounds[-1] == q.shape[0]
+        assert max_seqlen_q == max_seqlen_k == max(b - a for a, b in itertools.pairwise(bounds))
+        calls.append(bounds)
+        groups = q.shape[1] // k.shape[1]
+        out = []
+        for a, b in itertools.pairwise(bounds):
+            qs, ks, vs = (x[a:b].float().transpose(0, 1) for x in (q, k, v))
+            ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
+            out.append(
+                torch.nn.functional.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=causal, scale=softmax_scale
+                ).transpose(0, 1)
+            )
+        return torch.cat(out).to(q.dtype)
+
+    module = types.ModuleType("flash_attn")
+    module.__spec__ = ModuleSpec("flash_attn", None)
+    module.__version__ = "2.8.3"
+    module.flash_attn_varlen_func = flash_attn_varlen_func
+    return module
+
+
+def test_packed_rows_with_flash_attn_varlen_match_the_dense_mask_in_log_probs_and_gradients(monkeypatch):
+    """The packed path on flash-attn's variable-length kernel (what ``attention: auto`` picks on CUDA
+    with flash-attn installed and bf16), through transformers' own flash-attention integration with
+    the kernel replaced by a pure-torch stand-in: flash-attn cannot be built here. The backend hands
+    the kernel each pack's row boundaries once per forward; the log-probs match the padded path's
+    and the actor gradients the dense mask's, in bf16 autocast."""
+    import copy
+    import sys
+
+    import transformers.modeling_flash_attention_utils as fa_utils
+    from transformers.modeling_utils import PreTrainedModel
+
+    from agentrl.trainer.torch_backend import resolve_attention
+
+    cpu = torch.device("cpu")
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # not installed: a clear error, and auto skips it
+    with pytest.raises(ValueError, match="flash-attn is not installed.*'flex' or 'auto'"):
+        resolve_attention("varlen", cpu, "bfloat16")
+    calls = []
+    monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_stand_in(calls))
+    with pytest.raises(ValueError, match="needs dtype 'bfloat16'.*got 'float32'"):
+        resolve_attention("varlen", cpu, "float32")
+    assert resolve_attention("auto", cpu, "bfloat16") == "dense"
+    # transformers checks for CUDA before it takes flash_attention_2, then loads flash-attn's kernel:
+    # both seams lead to the stand-in here.
+    check = PreTrainedModel._check_and_adjust_attn_implementation
+    monkeypatch.setattr(
+        PreTrainedModel,
+        "_check_and_adjust_attn_implementation",
+        lambda self, impl, *a, **k: impl if impl == "flash_attention_2" else check(self, impl, *a, **k),
+    )
+    kernel = sys.modules["flash_attn"].flash_attn_varlen_func
+    process = fa_utils._lazy_define_process_function(kernel)
+    monkeypatch.setattr(
+        fa_utils,
+        "lazy_import_flash_attention",
+        lambda *a, **k: ((None, kernel, None, None, None), (process, dict)),
+    )
+    searched = []  # transformers' per-layer search of the position ids for the row starts
+    monkeypatch.setattr(fa_utils, "_is_packed_sequence", lambda *a: searched.append(a) or True)
+
+    model, _ = tiny_chat_model(seed=5)
+    batch = synthetic_batch(seed=2)
+    made = {
+        (kind, attention): TorchBackend(
+            copy.deepcopy(model),
+            micro_token_budget=10_000,
+            packing=kind,
+            attention=attention,
+            dtype="bfloat16",
+            critic=False,
+        )
+        for kind, attention in (("padded", "auto"), ("packed", "dense"), ("packed", "varlen"))
+    }
+    varlen = made[("packed", "varlen")]
+    assert varlen.policy.config._attn_implementation == "flash_attention_2"
+    padded = made[("padded", "auto")].logprobs(batch)
+    gap = float((varlen.logprobs(batch) - padded)[batch.loss_mask].abs().max())
+    assert gap < 1e-3, gap
+    lengths = sorted(batch.lengths.tolist(), reverse=True)  # one pack, longest row first
+    bounds = [sum(lengths[:k]) for k in range(len(lengths) + 1)]
+    layers = model.config.num_hidden_layers
+    assert calls == [bounds] * layers  # each layer got the rows' boundaries: no row saw another
+    assert not searched  # given by the backend, not searched for again in each layer
+
+    grads = {}
+    batch.old_logprobs = padded
+    batch.advantages = torch.where(batch.loss_mask, torch.randn(batch.input_ids.shape), torch.zeros(()))
+    for key in (("packed", "dense"), ("packed", "varlen")):
+        backend = made[key]
+        backend.actor_opt.step = lambda *a, **k: None  # keep the gradients, skip the update
+        backend.train_actor(batch, LossConfig())
+        grads[key[1]] = torch.cat(
+            [p.grad.flatten() for p in backend.policy.parameters() if p.grad is not None]
+        )
+    assert len(calls) == 2 * layers  # the actor's forward ran on the kernel too
+    gap = float((grads["varlen"] - grads["dense"]).norm() / grads["dense"].norm())
+    assert gap < 2e-2, gap
 
 
 def test_reset_critic_starts_the_value_model_from_the_current_policy():

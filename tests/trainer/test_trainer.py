@@ -216,6 +216,40 @@ def test_packed_rows_with_flex_attention_match_padded_ones_and_train_the_same():
             assert gap < tol, (dtype, key, gap)
 
 
+def test_the_document_block_mask_equals_flex_attentions_own_from_the_whole_mask():
+    """The packed FlexAttention path's ``BlockMask``, built from the documents' extents per block,
+    is the one ``create_block_mask`` derives from every (q, kv) pair: the same blocks, partial and
+    full, in the same order, and the same dense mask; with packs that fill their last block and
+    packs that do not, and documents shorter and longer than a block."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from agentrl.trainer.torch_backend import document_block_mask
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(12):
+        docs = int(torch.randint(1, 6, (), generator=generator))
+        seg = torch.repeat_interleave(torch.arange(docs), torch.randint(1, 300, (docs,), generator=generator))
+        if trial % 2:  # a pack padded to whole blocks, as the backend pads it
+            seg = torch.cat([seg, torch.full(((-seg.numel()) % 64,), docs)])
+        total = seg.numel()
+
+        def same_document_causal(b, h, q, kv, seg=seg):
+            return (seg[q] == seg[kv]) & (q >= kv)
+
+        want = create_block_mask(same_document_causal, None, None, total, total, "cpu", BLOCK_SIZE=64)
+        got = document_block_mask(seg, block=64)
+        assert torch.equal(got.to_dense(), want.to_dense()), trial
+        for count, order in (
+            ("kv_num_blocks", "kv_indices"),
+            ("full_kv_num_blocks", "full_kv_indices"),
+            ("q_num_blocks", "q_indices"),
+            ("full_q_num_blocks", "full_q_indices"),
+        ):
+            assert torch.equal(getattr(got, count), getattr(want, count)), (trial, count)
+            for row, n in enumerate(getattr(want, count)[0, 0].tolist()):
+                assert torch.equal(getattr(got, order)[0, 0, row, :n], getattr(want, order)[0, 0, row, :n])
+
+
 def flash_attn_stand_in(calls: list):
     """A pure-torch stand-in for flash-attn's kernel module, for the one call the packed path makes.
 

@@ -17,7 +17,8 @@ backward of the policy with SDPA's causal kernel on rows padded to the longest, 
 Goals on an H200 (the seams issue): packed ≥ 2× the padded tokens/s measured before it (11.7k),
 and the PPO step's fraction of peak ≥ 0.85× the plain step's. On a GPU the script also checks
 that the packed path's gradients (FlexAttention, or flash-attn's varlen kernel) match the dense
-mask's on a few rows before timing anything.
+mask's on a few rows before timing anything, and times the LM head alone with fp32 and with
+TF32 products (the PPO step's head keeps fp32 logits; in bf16 on CUDA it forms them with TF32).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import time
 
 import torch
 
+from agentrl.algo import token_logprobs
 from agentrl.trainer.backend import Batch, LossConfig
-from agentrl.trainer.torch_backend import TorchBackend, resolve_attention
+from agentrl.trainer.torch_backend import TorchBackend, bucket, resolve_attention
 from agentrl.trajectory import Trajectory, TurnSpan
 
 QWEN2_05B = dict(
@@ -128,17 +130,46 @@ def ppo_step(backend: TorchBackend, batch: Batch) -> None:
     backend.train_actor(batch, LossConfig())
 
 
-def plain_step(policy, batch: Batch, device: torch.device) -> None:
-    """One forward and backward of the policy on the rows padded to the longest, SDPA causal."""
-    width = int(batch.lengths.max())
-    ids = batch.input_ids[:, :width].to(device)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        logits = policy(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="mean"
-        )
-    loss.backward()
+def plain_step(policy, batch: Batch, device: torch.device, budget: int) -> None:
+    """One forward and backward of the policy over the batch's rows with SDPA's causal kernel, in
+    groups of similar length of at most ``budget`` tokens, each padded to its longest row (the
+    whole batch padded at once would hold [rows, longest, vocab] logits)."""
+    lengths = batch.lengths.tolist()
+    for rows in bucket(lengths, list(range(batch.size)), budget):
+        width = max(lengths[r] for r in rows)
+        ids = batch.input_ids[rows, :width].to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = policy(input_ids=ids).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="mean"
+            )
+        loss.backward()
+        del logits, loss
     policy.zero_grad(set_to_none=True)
+
+
+def head_precision(policy, device: torch.device, tokens: int, repeats: int) -> dict:
+    """The LM head alone, as the trainer runs it (``token_logprobs`` forward and backward over
+    ``tokens`` hidden states), with full fp32 products and with TF32 ones (what a bf16 run on CUDA
+    uses): the best seconds of each and the largest log-prob gap between them. Hidden states are
+    scaled so that the logits spread like a trained model's (std about 4), not a random one's."""
+    weight = policy.get_output_embeddings().weight.detach().float()
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, weight.shape[1], generator=g).to(device)
+    hidden *= 4.0 / float((hidden[:256] @ weight.t()).std())
+    targets = torch.randint(0, weight.shape[0], (tokens,), generator=g).to(device)
+    out = {}
+    for tf32 in (False, True):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+
+        def once(h=h, w=w, tf32=tf32):
+            token_logprobs(h, w, targets, tf32=tf32).sum().backward()
+
+        seconds = timed(once, device, repeats)
+        with torch.no_grad():
+            out[tf32] = (seconds, token_logprobs(hidden, weight, targets, tf32=tf32))
+    gap = float((out[True][1] - out[False][1]).abs().max())
+    return {"fp32_s": out[False][0], "tf32_s": out[True][0], "gap": gap}
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
@@ -195,6 +226,12 @@ def main() -> None:
     if device.type == "cuda":
         gap = check_packed_gradients(policy, batch, device, attention)
         print(f"packed ({attention}) actor gradients against the dense mask's: relative gap {gap:.2e}")
+    head = head_precision(policy, device, min(budget, 8192), args.repeats)
+    print(
+        f"LM head, {min(budget, 8192)} tokens forward + backward: fp32 {head['fp32_s']:.3f} s, "
+        f"TF32 {head['tf32_s']:.3f} s ({head['fp32_s'] / head['tf32_s']:.2f}x); "
+        f"largest log-prob gap {head['gap']:.1e}"
+    )
     passes = 2 + 2 * args.epochs  # log-probs, values; then critic and actor: forward + backward each
     flops = step_flops(policy, batch, forwards=passes, backwards=2 * args.epochs)
     results = {}
@@ -216,7 +253,7 @@ def main() -> None:
         )
         del backend
     plain_flops = step_flops(policy, batch, forwards=1, backwards=1)
-    plain = timed(lambda: plain_step(policy, batch, device), device, args.repeats)
+    plain = timed(lambda: plain_step(policy, batch, device, budget), device, args.repeats)
     print(
         f"plain forward + backward (SDPA causal, padded): {plain:.2f} s, {plain_flops / plain / peak:.3f} of peak"
     )

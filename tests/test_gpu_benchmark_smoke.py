@@ -1,5 +1,6 @@
 """The GPU benchmarks run anywhere with --small (their CI smoke runs): gpu_train_step.py times both
-packings and the plain step and prints the ratios its goals are stated in; gpu_megatron.py times
+packings, the plain step and the LM head with fp32 and TF32 products, and prints the ratios its
+goals are stated in; gpu_megatron.py times
 the Megatron backend, with and without the distributed optimizer, beside the PyTorch backend."""
 
 import re
@@ -30,6 +31,8 @@ def test_gpu_train_step_small_runs_on_the_cpu_and_prints_its_ratios():
     assert "PPO step, padded:" in text and "PPO step, packed (dense):" in text, text
     assert re.search(r"packed / padded tokens/s: \d+\.\d\dx", text), text
     assert re.search(r"PPO step's fraction of peak / the plain step's: \d+\.\d\dx", text), text
+    gap = re.search(r"LM head, \d+ tokens forward \+ backward: .* TF32 .* largest log-prob gap (\S+)", text)
+    assert gap and float(gap.group(1)) == 0.0, text  # TF32 is CUDA's: on the CPU it changes nothing
 
 
 def test_gpu_megatron_small_runs_on_the_cpu_and_compares_each_megatron_run_with_torch():

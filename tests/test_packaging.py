@@ -93,7 +93,10 @@ def test_wheel_holds_only_agentrl(tmp_path):
         ),
         ("value_loss", "values, old_values, returns, mask, clip=0.2"),
         ("kl_penalty", "logp, ref_logp, mask, kind='k3'"),
-        ("token_logprobs", "hidden, weight, targets, temperature=1.0, chunk_size=1024, return_entropy=False"),
+        (
+            "token_logprobs",
+            "hidden, weight, targets, temperature=1.0, chunk_size=1024, return_entropy=False, *, tf32=False",
+        ),
     ],
 )
 def test_public_signatures(name, params):

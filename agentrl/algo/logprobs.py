@@ -10,10 +10,33 @@ cross-entropy", Wijmans et al. arXiv 2411.09009, done chunk-wise).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
 from agentrl.algo._checks import check_finite
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool = True):
+    """fp32 matrix products on CUDA's TF32 tensor cores inside: inputs rounded to 10 mantissa bits,
+    fp32 accumulation and output. For the LM head of a bf16 run, whose logits are kept in fp32
+    (their size makes a bf16 rounding of them matter) but whose inputs come from bf16 layers: full
+    fp32 products run about an order of magnitude slower than tensor cores on a GPU. The setting is
+    the process's: it is restored on leaving, and has no effect on the CPU."""
+    if not enabled:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    # torch >= 2.9 names the setting fp32_precision; its older flag must not be mixed with it
+    name, value = ("fp32_precision", "tf32") if hasattr(matmul, "fp32_precision") else ("allow_tf32", True)
+    before = getattr(matmul, name)
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, before)
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
@@ -27,7 +50,14 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     """Forward keeps the per-row log-normaliser (and entropy); backward recomputes logits per chunk."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, return_entropy):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, return_entropy, tf32):
+        with tf32_matmuls(tf32):
+            return _ChunkedTokenLogprobs._forward(
+                ctx, hidden, weight, targets, temperature, chunk_size, return_entropy, tf32
+            )
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, targets, temperature, chunk_size, return_entropy, tf32):
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -46,10 +76,16 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             del logits
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.return_entropy = temperature, chunk_size, return_entropy
+        ctx.tf32 = tf32
         return (logp, entropy) if return_entropy else logp
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy=None):
+        with tf32_matmuls(ctx.tf32):
+            return _ChunkedTokenLogprobs._backward(ctx, grad_logp, grad_entropy)
+
+    @staticmethod
+    def _backward(ctx, grad_logp, grad_entropy):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -83,7 +119,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             del grad, log_probs
         if need_w:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def token_logprobs(
@@ -93,6 +129,8 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     return_entropy: bool = False,
+    *,
+    tf32: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``log_softmax(hidden @ weight.T / temperature)`` gathered at ``targets``, chunk by chunk.
 
@@ -109,6 +147,8 @@ def token_logprobs(
         temperature: logits are divided by it.
         chunk_size: rows of logits formed at once.
         return_entropy: also return the entropy of each position's distribution (differentiable).
+        tf32: form the logits (forward and backward) with TF32 products on CUDA (``tf32_matmuls``);
+            they stay fp32.
 
     Returns:
         ``logp [...]`` in fp32, or ``(logp, entropy)`` when ``return_entropy``.
@@ -135,7 +175,13 @@ def token_logprobs(
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1).long()
     out = _ChunkedTokenLogprobs.apply(
-        flat_hidden, weight, flat_targets, float(temperature), int(chunk_size), bool(return_entropy)
+        flat_hidden,
+        weight,
+        flat_targets,
+        float(temperature),
+        int(chunk_size),
+        bool(return_entropy),
+        bool(tf32),
     )
     if return_entropy:
         logp, entropy = out

@@ -336,6 +336,7 @@ class MegatronBackend:
             chunk=self.chunk,
             group=self.tp_group,
             entropy=entropy,
+            tf32=self.autocast,  # bf16 autocast runs on CUDA only
         )
         if entropy:
             return self._scatter(out[0], batch, rows), self._scatter(out[1], batch, rows)

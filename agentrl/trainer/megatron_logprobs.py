@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from agentrl.algo.logprobs import tf32_matmuls
+
 
 def _all_reduce(t: Tensor, group, op=dist.ReduceOp.SUM) -> Tensor:
     if group is not None and dist.get_world_size(group) > 1:
@@ -35,7 +37,18 @@ def _logits(h: Tensor, weight: Tensor, temperature: float, start: int, vocab_siz
 
 class _VocabParallelLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk, start, vocab_size, group, with_entropy):
+    def forward(
+        ctx, hidden, weight, targets, temperature, chunk, start, vocab_size, group, with_entropy, tf32
+    ):
+        with tf32_matmuls(tf32):
+            out = _VocabParallelLogprobs._forward(
+                ctx, hidden, weight, targets, temperature, chunk, start, vocab_size, group, with_entropy
+            )
+        ctx.tf32 = tf32
+        return out
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, targets, temperature, chunk, start, vocab_size, group, with_entropy):
         n, local = hidden.shape[0], weight.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         target_logit = torch.zeros(n, dtype=torch.float32, device=hidden.device)
@@ -62,6 +75,11 @@ class _VocabParallelLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
+        with tf32_matmuls(ctx.tf32):
+            return _VocabParallelLogprobs._backward(ctx, grad_logp)
+
+    @staticmethod
+    def _backward(ctx, grad_logp):
         # the entropy is a metric (no bonus term): its gradient is not propagated
         hidden, weight, targets, lse = ctx.saved_tensors
         temperature, chunk, start, vocab_size, group = ctx.args
@@ -83,7 +101,7 @@ class _VocabParallelLogprobs(torch.autograd.Function):
             grad_weight += grad.t() @ h.float()
         # every rank's vocabulary rows contribute to the (replicated) hidden state's gradient
         _all_reduce(grad_hidden, group)
-        return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), *([None] * 7)
+        return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), *([None] * 8)
 
 
 def vocab_parallel_logprobs(
@@ -96,6 +114,7 @@ def vocab_parallel_logprobs(
     chunk: int = 1024,
     group=None,
     entropy: bool = False,
+    tf32: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-prob of each target token and, with ``entropy``, the (detached) entropy of its distribution.
 
@@ -103,9 +122,10 @@ def vocab_parallel_logprobs(
     weight: ``[V/tp, H]`` this rank's rows of the output projection (rank r: rows from ``r V/tp``).
     targets: ``[N]`` token ids (full-vocabulary indices, < ``vocab_size``).
     vocab_size: the real vocabulary; rows past it (padding to a multiple of tp) are masked out.
+    tf32: the logits' products on CUDA's TF32 tensor cores (``agentrl.algo.logprobs.tf32_matmuls``).
     Returns ``[N]`` fp32 (and ``[N]`` entropy)."""
     rank = dist.get_rank(group) if group is not None and dist.get_world_size(group) > 1 else 0
     logp, ent = _VocabParallelLogprobs.apply(
-        hidden, weight, targets, temperature, chunk, rank * weight.shape[0], vocab_size, group, entropy
+        hidden, weight, targets, temperature, chunk, rank * weight.shape[0], vocab_size, group, entropy, tf32
     )
     return (logp, ent.detach()) if entropy else logp

@@ -12,7 +12,8 @@
   logits are never held whole).
 - Gradient accumulation over micro-batches scales each one by its share of the minibatch's
   trainable tokens (or sequences, for sequence-level aggregations), so the result equals one
-  big batch. AdamW, a warmup + constant/cosine schedule, gradient clipping, fp32 or bf16 autocast.
+  big batch. AdamW, a warmup + constant/cosine schedule, gradient clipping, fp32 or bf16 autocast
+  (the LM head's logits stay fp32; in a bf16 run on CUDA they come from TF32 products).
 """
 
 from __future__ import annotations
@@ -265,6 +266,8 @@ class TorchBackend:
         self.packing = packing
         self._group = pack if packing == "packed" else bucket
         self.autocast = dtype == "bfloat16"
+        # the LM head's logits stay fp32; in a bf16 run on CUDA they come from TF32 products
+        self.tf32 = self.autocast and self.device.type == "cuda"
         self.generator = torch.Generator().manual_seed(seed)
         self.actor_opt = torch.optim.AdamW(
             policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
@@ -339,7 +342,9 @@ class TorchBackend:
         hidden = self._hidden(_backbone(model), batch, rows)
         targets = torch.cat([batch.input_ids[r, 1 : int(batch.lengths[r])] for r in rows]).to(self.device)
         weight = model.get_output_embeddings().weight
-        out = token_logprobs(hidden.float(), weight.float(), targets, temperature, self.chunk, entropy)
+        out = token_logprobs(
+            hidden.float(), weight.float(), targets, temperature, self.chunk, entropy, tf32=self.tf32
+        )
         if entropy:
             return self._scatter(out[0], batch, rows), self._scatter(out[1].detach(), batch, rows)
         return self._scatter(out, batch, rows)

@@ -90,3 +90,44 @@ def test_bad_inputs():
     bad[3, 2] = float("inf")
     with pytest.raises(ValueError, match="hidden holds 1 non-finite"):
         token_logprobs(bad, weight, targets)
+
+
+@pytest.mark.parametrize("head", ["token_logprobs", "vocab_parallel_logprobs"])
+def test_tf32_forms_every_chunk_of_logits_in_both_passes_and_restores_the_setting(monkeypatch, head):
+    """``tf32=True`` (a bf16 run on CUDA) puts the head's fp32 products on TF32 for each chunk of
+    logits the forward forms and each the backward forms again, and leaves the setting as it found
+    it; the logits stay fp32. On the CPU, TF32 changes no number."""
+    import agentrl.algo.logprobs as one_device
+    import agentrl.trainer.megatron_logprobs as vocab_parallel
+
+    module, name = (one_device, "_chunk_logits") if head == "token_logprobs" else (vocab_parallel, "_logits")
+    matmul = torch.backends.cuda.matmul
+    seen = []
+    form = getattr(module, name)
+
+    def recorded(*args):
+        seen.append(matmul.fp32_precision)
+        return form(*args)
+
+    monkeypatch.setattr(module, name, recorded)
+
+    def run(tf32: bool):
+        hidden, weight, targets = inputs(n=40)
+        if head == "token_logprobs":
+            logp = token_logprobs(hidden, weight, targets, chunk_size=16, tf32=tf32)
+        else:
+            logp = vocab_parallel.vocab_parallel_logprobs(
+                hidden, weight, targets, vocab_size=weight.shape[0], chunk=16, tf32=tf32
+            )
+        assert logp.dtype == torch.float32
+        logp.sum().backward()
+        return logp.detach(), hidden.grad, weight.grad
+
+    before = matmul.fp32_precision
+    plain = run(False)
+    assert seen == [before] * 6  # 3 chunks of 16 rows, formed in the forward and again in the backward
+    seen.clear()
+    fast = run(True)
+    assert seen == ["tf32"] * 6 and matmul.fp32_precision == before
+    for a, b in zip(plain, fast, strict=True):
+        assert torch.equal(a, b)

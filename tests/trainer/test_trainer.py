@@ -133,7 +133,7 @@ def test_masked_and_icepop_dropped_tokens_get_zero_logit_gradient_through_the_ba
     batch.advantages = torch.where(batch.loss_mask, torch.randn(batch.input_ids.shape), torch.zeros(()))
     recorded = []
 
-    def naive(hidden, weight, targets, temperature=1.0, chunk_size=1024, return_entropy=False):
+    def naive(hidden, weight, targets, temperature=1.0, chunk_size=1024, return_entropy=False, *, tf32=False):
         logits = (hidden @ weight.t()) / temperature
         logits.retain_grad()
         recorded.append(logits)

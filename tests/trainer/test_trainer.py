@@ -181,13 +181,25 @@ def test_padding_changes_no_real_token_log_prob_or_value():
                 torch.testing.assert_close(got[r, :n], want[r, :n], atol=1e-5, rtol=1e-5)
 
 
+def packings(model, attentions: tuple[str, ...], **kwargs) -> dict[tuple[str, str], TorchBackend]:
+    """Backends on copies of ``model`` holding a batch in one micro-batch: padded, and packed with
+    each of ``attentions``."""
+    import copy
+
+    pairs = [("padded", "auto")] + [("packed", a) for a in attentions]
+    return {
+        (kind, attention): TorchBackend(
+            copy.deepcopy(model), micro_token_budget=10_000, packing=kind, attention=attention, **kwargs
+        )
+        for kind, attention in pairs
+    }
+
+
 def test_packed_rows_with_flex_attention_match_padded_ones_and_train_the_same():
     """The packed path without a [T, T] mask (FlexAttention with a document mask, what CUDA runs
     when flash-attn is not installed) against the padded path and the dense-mask reference: the
     same log-probs (1e-5 in fp32, 1e-3 under bf16 autocast). FlexAttention has no backward on the
     CPU; benchmarks/gpu_train_step.py compares the gradients on a GPU."""
-    import copy
-
     from agentrl.trainer.torch_backend import resolve_attention
 
     assert resolve_attention("auto", torch.device("cpu")) == "dense"
@@ -198,16 +210,7 @@ def test_packed_rows_with_flex_attention_match_padded_ones_and_train_the_same():
     batch = synthetic_batch(seed=2)
     mask = batch.loss_mask
     for dtype, tol in (("float32", 1e-5), ("bfloat16", 1e-3)):
-        made = {
-            (kind, attention): TorchBackend(
-                copy.deepcopy(model),
-                micro_token_budget=10_000,
-                packing=kind,
-                attention=attention,
-                dtype=dtype,
-            )
-            for kind, attention in (("padded", "auto"), ("packed", "dense"), ("packed", "flex"))
-        }
+        made = packings(model, ("dense", "flex"), dtype=dtype)
         assert made[("packed", "flex")].policy.config._attn_implementation == "flex_attention"
         assert made[("packed", "flex")].critic.backbone.config._attn_implementation == "flex_attention"
         padded = made[("padded", "auto")].logprobs(batch)
@@ -298,7 +301,6 @@ def test_packed_rows_with_flash_attn_varlen_match_the_dense_mask_in_log_probs_an
     the kernel replaced by a pure-torch stand-in: flash-attn cannot be built here. The backend hands
     the kernel each pack's row boundaries once per forward; the log-probs match the padded path's
     and the actor gradients the dense mask's, in bf16 autocast."""
-    import copy
     import sys
 
     import transformers.modeling_flash_attention_utils as fa_utils
@@ -335,17 +337,7 @@ def test_packed_rows_with_flash_attn_varlen_match_the_dense_mask_in_log_probs_an
 
     model, _ = tiny_chat_model(seed=5)
     batch = synthetic_batch(seed=2)
-    made = {
-        (kind, attention): TorchBackend(
-            copy.deepcopy(model),
-            micro_token_budget=10_000,
-            packing=kind,
-            attention=attention,
-            dtype="bfloat16",
-            critic=False,
-        )
-        for kind, attention in (("padded", "auto"), ("packed", "dense"), ("packed", "varlen"))
-    }
+    made = packings(model, ("dense", "varlen"), dtype="bfloat16", critic=False)
     varlen = made[("packed", "varlen")]
     assert varlen.policy.config._attn_implementation == "flash_attention_2"
     padded = made[("padded", "auto")].logprobs(batch)

@@ -52,12 +52,14 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, return_entropy, tf32):
         with tf32_matmuls(tf32):
-            return _ChunkedTokenLogprobs._forward(
-                ctx, hidden, weight, targets, temperature, chunk_size, return_entropy, tf32
+            out = _ChunkedTokenLogprobs._forward(
+                ctx, hidden, weight, targets, temperature, chunk_size, return_entropy
             )
+        ctx.tf32 = tf32
+        return out
 
     @staticmethod
-    def _forward(ctx, hidden, weight, targets, temperature, chunk_size, return_entropy, tf32):
+    def _forward(ctx, hidden, weight, targets, temperature, chunk_size, return_entropy):
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -76,7 +78,6 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             del logits
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.return_entropy = temperature, chunk_size, return_entropy
-        ctx.tf32 = tf32
         return (logp, entropy) if return_entropy else logp
 
     @staticmethod

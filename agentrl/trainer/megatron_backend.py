@@ -413,10 +413,7 @@ class MegatronBackend:
         gradient = opt.gradient if sharded else _grad
         for _ in range(epochs):
             for rows in self._minibatches(batch, minibatches):
-                if sharded:
-                    opt.zero_grad()
-                else:
-                    opt.zero_grad(set_to_none=True)
+                opt.zero_grad()  # torch's: grads set to None; megatron's: its buffers zeroed
                 total = share_fn(rows)
                 if total == 0:
                     continue

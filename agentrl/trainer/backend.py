@@ -85,6 +85,45 @@ class LossConfig:
     value_clip: float | None = 0.2
 
 
+def actor_agg(loss: LossConfig) -> str:
+    """How the actor's per-token terms are averaged: ``loss.agg`` for ``ppo`` and ``sapo``; ``gspo``
+    and ``gmpo`` are sequence-level objectives (a row's mean, then the mean over rows). A backend
+    weighs each micro-batch by its share of the minibatch's tokens or rows to match."""
+    return loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
+
+
+def actor_objective(
+    logp: Tensor, entropy: Tensor, sub: Batch, loss: LossConfig, device: torch.device
+) -> tuple[Tensor, dict[str, float]]:
+    """The actor's loss on one micro-batch ``sub`` (its rows' log-probs and entropies, ``[b, T]``):
+    the policy loss, plus ``loss.kl_coef`` times the KL to the reference aggregated as the policy
+    loss is (so that micro-batches weighed by their share sum to the loss of the whole minibatch);
+    metrics ``policy_loss`` and ``entropy`` (a metric only: no entropy bonus)."""
+    from agentrl.algo import aggregate, kl_penalty, policy_loss
+
+    mask = sub.loss_mask.to(device)
+    value, metrics = policy_loss(
+        logp,
+        sub.old_logprobs.to(device),
+        sub.advantages.to(device),
+        mask,
+        loss.kind,
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        dual_clip=loss.dual_clip,
+        token_weights=None if sub.token_weights is None else sub.token_weights.to(device),
+        agg=loss.agg,
+    )
+    if loss.kl_coef > 0:
+        kl, kl_metrics = kl_penalty(logp, sub.ref_logprobs.to(device), mask)
+        value = value + loss.kl_coef * aggregate(kl, mask, actor_agg(loss))
+        metrics.update(kl_metrics)
+    metrics["policy_loss"] = float(value.detach())
+    # a rising entropy is the first sign of a degrading policy
+    metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+    return value, metrics
+
+
 @runtime_checkable
 class TrainBackend(Protocol):
     """What the PPO loop and the warm start need from a training backend (``trainer.backend`` names

@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from agentrl.algo import kl_penalty, policy_loss, value_loss
-from agentrl.trainer.backend import Batch, LossConfig
+from agentrl.algo import value_loss
+from agentrl.trainer.backend import Batch, LossConfig, actor_agg, actor_objective
 from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megatron, megatron_to_hf, to_stage
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
 from agentrl.trainer.megatron_optim import DistributedAdam
@@ -475,42 +475,18 @@ class MegatronBackend:
 
     @collective
     def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
-        device = self.device
-
         def loss_fn(micro: list[int]):
             out = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
             if out is None:  # not the last pipeline stage
                 return None
-            logp, entropy = out
-            sub = batch.rows(micro)
-            mask = sub.loss_mask.to(device)
-            value, metrics = policy_loss(
-                logp,
-                sub.old_logprobs.to(device),
-                sub.advantages.to(device),
-                mask,
-                loss.kind,
-                clip_low=loss.clip_low,
-                clip_high=loss.clip_high,
-                dual_clip=loss.dual_clip,
-                token_weights=None if sub.token_weights is None else sub.token_weights.to(device),
-                agg=loss.agg,
-            )
-            if loss.kl_coef > 0:
-                kl, kl_metrics = kl_penalty(logp, sub.ref_logprobs.to(device), mask)
-                value = value + loss.kl_coef * kl.sum() / mask.sum().clamp(min=1)
-                metrics.update(kl_metrics)
-            metrics["policy_loss"] = float(value.detach())
-            metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-            return value, metrics
+            return actor_objective(*out, batch.rows(micro), loss, self.device)
 
-        agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
         history = self._step(
             self.actor_opt,
             self.actor_sched,
             batch,
             loss_fn,
-            self._share(batch, agg),
+            self._share(batch, actor_agg(loss)),
             self.epochs,
             self.minibatches,
         )

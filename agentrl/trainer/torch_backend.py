@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from agentrl.algo import kl_penalty, policy_loss, token_logprobs, value_loss
-from agentrl.trainer.backend import Batch, LossConfig
+from agentrl.algo import token_logprobs, value_loss
+from agentrl.trainer.backend import Batch, LossConfig, actor_agg, actor_objective
 
 
 def _backbone(model: nn.Module) -> nn.Module:
@@ -417,41 +417,17 @@ class TorchBackend:
         return lambda rows: int((batch.loss_mask[rows].sum(1) > 0).sum())
 
     def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
-        device = self.device
-
         def loss_fn(micro: list[int]):
             logp, entropy = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
-            sub = batch.rows(micro)
-            value, metrics = policy_loss(
-                logp,
-                sub.old_logprobs.to(device),
-                sub.advantages.to(device),
-                sub.loss_mask.to(device),
-                loss.kind,
-                clip_low=loss.clip_low,
-                clip_high=loss.clip_high,
-                dual_clip=loss.dual_clip,
-                token_weights=None if sub.token_weights is None else sub.token_weights.to(device),
-                agg=loss.agg,
-            )
-            if loss.kl_coef > 0:
-                kl, kl_metrics = kl_penalty(logp, sub.ref_logprobs.to(device), sub.loss_mask.to(device))
-                value = value + loss.kl_coef * kl.sum() / sub.loss_mask.sum().clamp(min=1)
-                metrics.update(kl_metrics)
-            metrics["policy_loss"] = float(value.detach())
-            mask = sub.loss_mask.to(device)
-            # a metric only (no entropy bonus): a rising entropy is the first sign of a degrading policy
-            metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-            return value, metrics
+            return actor_objective(logp, entropy, batch.rows(micro), loss, self.device)
 
-        agg = loss.agg if loss.kind in ("ppo", "sapo") else "seq-mean-token-mean"
         history = self._step(
             self.policy,
             self.actor_opt,
             self.actor_sched,
             batch,
             loss_fn,
-            self._share(batch, agg),
+            self._share(batch, actor_agg(loss)),
             self.epochs,
             self.minibatches,
         )

@@ -1,0 +1,82 @@
+"""Gradient accumulation: micro-batches weighed by their share of the minibatch give the gradient of
+the whole minibatch in one pass, for every policy loss and aggregation, with and without the KL
+term, and for the critic."""
+
+import copy
+
+import pytest
+import torch
+
+from agentrl.models import tiny_chat_model
+from agentrl.trainer.backend import LossConfig
+from agentrl.trainer.torch_backend import TorchBackend
+from tests.trainer.test_trainer import synthetic_batch
+
+
+def gradients(backend: TorchBackend, train, model) -> torch.Tensor:
+    """The gradient ``train()`` leaves on ``model``, with the optimizer step skipped."""
+    for opt in (backend.actor_opt, backend.critic_opt):
+        opt.step = lambda *a, **k: None
+    train()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal to float32 rounding, relative to the gradient's scale."""
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+def prepared_batch():
+    batch = synthetic_batch(seed=4)
+    g = torch.Generator().manual_seed(1)
+    rows, width = batch.input_ids.shape
+    # one advantage per row (what gmpo needs), rewards as returns, a reference and a spread of ratios
+    batch.advantages = torch.where(batch.loss_mask, torch.randn(rows, 1, generator=g), 0.0)
+    batch.returns = torch.where(batch.loss_mask, batch.rewards[:, None], 0.0)
+    noise = lambda: 0.3 * torch.randn(rows, width, generator=g)  # noqa: E731
+    return batch, noise
+
+
+@pytest.mark.parametrize(
+    ("kind", "agg"),
+    [
+        ("ppo", "token-mean"),
+        ("ppo", "seq-mean-token-mean"),
+        ("ppo", "seq-mean-token-sum"),
+        ("sapo", "seq-mean-token-mean"),
+        ("gspo", "token-mean"),
+        ("gmpo", "token-mean"),
+    ],
+)
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_micro_batches_give_the_gradient_of_the_whole_minibatch(kind, agg, kl_coef):
+    model, _ = tiny_chat_model(seed=7)
+    loss = LossConfig(kind=kind, agg=agg, kl_coef=kl_coef)
+    grads = {}
+    for budget in (10_000, 1):  # the three rows in one micro-batch; each row alone
+        batch, noise = prepared_batch()  # the same draws for each budget
+        backend = TorchBackend(
+            copy.deepcopy(model), micro_token_budget=budget, grad_clip=1e9, reference=kl_coef > 0
+        )
+        assert len(backend._group(batch.lengths.tolist(), [0, 1, 2], budget)) == (1 if budget > 1 else 3)
+        logp = backend.logprobs(batch)
+        batch.old_logprobs = torch.where(batch.loss_mask, logp + noise(), 0.0)
+        batch.ref_logprobs = torch.where(batch.loss_mask, logp + noise(), 0.0)
+        torch.manual_seed(0)
+        grads[budget] = gradients(backend, lambda b=backend, x=batch: b.train_actor(x, loss), backend.policy)
+    same(grads[1], grads[10_000])
+
+
+def test_the_critic_accumulates_to_the_whole_minibatch_too():
+    model, _ = tiny_chat_model(seed=8)
+    grads = {}
+    for budget in (10_000, 1):
+        batch, noise = prepared_batch()
+        backend = TorchBackend(copy.deepcopy(model), micro_token_budget=budget, grad_clip=1e9)
+        torch.manual_seed(0)
+        torch.nn.init.normal_(backend.critic.head.weight, std=0.5)  # not a zero head: values vary
+        batch.old_values = torch.where(batch.loss_mask, backend.values(batch) + noise(), 0.0)
+        grads[budget] = gradients(
+            backend, lambda b=backend, x=batch: b.train_critic(x, LossConfig()), backend.critic
+        )
+    same(grads[1], grads[10_000])

@@ -220,10 +220,15 @@ def place_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
 
 def whiten(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """Advantages shifted and scaled to mean 0 and standard deviation 1 over the trainable tokens
-    (0 off the mask); unchanged when fewer than two tokens or no spread."""
+    (0 off the mask). With no spread (one token, or all equal) they are only shifted, to 0: no token
+    is better than the batch's mean."""
     check_same_shape("advantages", advantages, mask=mask)
     trainable = as_bool_mask(mask)
     values = advantages[trainable]
-    if values.numel() < 2 or float(values.std()) == 0:
-        return advantages
-    return torch.where(trainable, (advantages - values.mean()) / (values.std() + eps), torch.zeros(()))
+    if values.numel() == 0:
+        return torch.zeros_like(advantages)
+    centred = advantages - values.mean()
+    spread = float(values.std()) if values.numel() > 1 else 0.0
+    if spread > 0:
+        centred = centred / (spread + eps)
+    return torch.where(trainable, centred, torch.zeros(()))

@@ -69,6 +69,8 @@ def icepop_weights(
     return weights, metrics
 
 
+MAX_LOG_RATIO = 20.0
+"""|log(new / old)| at most this in the policy losses (a ratio within e^±20)."""
 POLICY_KINDS = ("ppo", "gspo", "gmpo", "sapo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -199,7 +201,9 @@ def policy_loss(
     zeros = torch.zeros_like(logp)
     adv = advantages.detach().to(logp.dtype)
     old = old_logp.detach().to(logp.dtype)
-    log_ratio = torch.where(trainable, logp - old, zeros)
+    # Bounded before exp: past e^88 fp32 overflows, and 0 * inf (a zero advantage or IcePop weight)
+    # makes the loss NaN. A ratio that far out is clipped, or its gradient is clipped, anyway.
+    log_ratio = torch.where(trainable, logp - old, zeros).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     weight = token_weights.to(logp.dtype) if token_weights is not None else None
 

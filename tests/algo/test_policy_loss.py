@@ -185,3 +185,17 @@ def test_masked_and_icepop_dropped_tokens_get_exactly_zero_logit_gradient(kind):
     dropped = ~mask | (w == 0)
     assert (logits.grad[dropped] == 0).all()
     assert (logits.grad[~dropped].abs().sum(-1) > 0).any()
+
+
+@pytest.mark.parametrize("kind", ["ppo", "gspo", "gmpo", "sapo"])
+def test_a_ratio_past_fp32s_range_gives_a_finite_loss_and_gradient(kind):
+    # exp(90) overflows fp32: a token whose old probability was ~e^-90 must not turn the loss (or its
+    # gradient) into NaN, whether its advantage is 0, positive or negative, or IcePop dropped it
+    logp = torch.tensor([[0.0, -0.1, 90.0, 95.0], [0.0, 0.0, -95.0, 0.2]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, 0.0, -2.0], [2.0, 2.0, -1.0, 1.0]])
+    weights = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    for w in (None, weights):
+        loss, m = policy_loss(logp, torch.zeros(2, 4), adv, torch.ones(2, 4), kind=kind, token_weights=w)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all(), (kind, loss, grad)
+        assert all(math.isfinite(v) for v in m.values()), m

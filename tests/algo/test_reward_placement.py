@@ -32,10 +32,12 @@ def test_whitening_is_over_trainable_tokens_only():
     assert out[mask].mean().abs() < 1e-6 and (out[mask].std() - 1).abs() < 1e-5
     assert torch.equal(out[~mask], torch.zeros(3))  # padding stays 0, whatever was there
     assert torch.allclose(out[mask], (adv[mask] - 2.0) / adv[mask].std())
+    # no spread (one token, or all equal): centred to 0 (no token beats the mean), and never divided
     one = torch.tensor([[1, 0, 0], [0, 0, 0]], dtype=torch.bool)
-    assert torch.equal(whiten(adv, one), adv)  # one token: nothing to whiten
+    assert torch.equal(whiten(adv, one), torch.zeros(2, 3))
     flat = torch.full((2, 3), 0.5)
-    assert torch.equal(whiten(flat, mask), flat)  # no spread: unchanged
+    assert torch.equal(whiten(flat, mask), torch.zeros(2, 3))
+    assert torch.equal(whiten(adv, torch.zeros_like(mask)), torch.zeros(2, 3))  # no trainable token
 
 
 def test_tis_keeps_every_token_and_truncates_its_weight():

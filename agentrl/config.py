@@ -333,9 +333,16 @@ class AlgoConfig(Section):
     value_clip: float | None = 0.2
     """Clip range of the value update around the old values (None: unclipped)."""
     normalize_advantages: bool = True
-    """Whiten advantages over the trainable tokens of the batch."""
+    """Whiten GAE's advantages over the trainable tokens of the batch. Group estimators are already
+    normalised within their groups and are not whitened again: a batch-wide shift would give the
+    samples of a group that all earned the same reward a nonzero advantage."""
     critic_warmup: int = Field(0, ge=0)
-    """Iterations that train only the critic."""
+    """Iterations that train only the critic (``gae``; group estimators have no critic)."""
+
+    @property
+    def critic(self) -> bool:
+        """Whether the run trains a value model: only GAE reads one."""
+        return self.estimator == "gae"
 
 
 class OptimConfig(Section):
@@ -463,6 +470,17 @@ class TrainConfig(Section):
         if self.algo.estimator in ("grpo", "rloo") and self.rollout.n_samples < 2:
             raise ValueError(
                 f"estimator {self.algo.estimator} needs rollout.n_samples >= 2 (a group baseline)"
+            )
+        if not self.algo.critic and self.algo.critic_warmup:
+            raise ValueError(
+                f"algo.critic_warmup={self.algo.critic_warmup} trains only the critic in the first "
+                f"iterations, and estimator {self.algo.estimator} has none: set algo.critic_warmup=0"
+            )
+        if self.algo.policy_loss == "gmpo" and self.algo.critic:
+            raise ValueError(
+                "policy_loss gmpo clips each row's geometric-mean ratio by the sign of one advantage "
+                "per sequence, and estimator gae gives one per token: use estimator grpo or rloo "
+                "with gmpo, or policy_loss ppo, gspo or sapo with gae"
             )
         return self
 

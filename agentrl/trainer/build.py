@@ -75,6 +75,7 @@ def loss_config(cfg: TrainConfig) -> LossConfig:
         dual_clip=a.dual_clip,
         agg=a.agg,
         kl_coef=a.kl_coef,
+        # the engine reports a greedy turn's log-probs at temperature 1 (SGLang's rule too)
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         value_clip=a.value_clip,
     )

@@ -48,7 +48,7 @@ from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megat
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
 from agentrl.trainer.megatron_optim import DistributedAdam
 from agentrl.trainer.megatron_parallel import collective, init_parallel
-from agentrl.trainer.torch_backend import _mean, lr_schedule, pack
+from agentrl.trainer.torch_backend import _mean, _needs_critic, lr_schedule, pack
 
 
 class HiddenOut(nn.Module):
@@ -371,6 +371,7 @@ class MegatronBackend:
 
     @collective
     def values(self, batch: Batch) -> Tensor:
+        _needs_critic(self)
         return self._all(lambda rows: self._row_values(batch, rows), batch)
 
     # -- updates --
@@ -497,6 +498,7 @@ class MegatronBackend:
     def train_critic(
         self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
     ) -> dict[str, float]:
+        _needs_critic(self)
         device = self.device
 
         def loss_fn(micro: list[int]):
@@ -651,6 +653,7 @@ def from_config(policy: nn.Module, cfg) -> MegatronBackend:
         logprob_chunk=o.logprob_chunk,
         dtype=resolve_dtype(cfg.model.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         reference=cfg.algo.kl_coef > 0,
+        critic=cfg.algo.critic,
         seed=cfg.run.seed,
         driven=True,
         recompute=m.recompute,

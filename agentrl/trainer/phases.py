@@ -41,8 +41,10 @@ def token_weights(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor | None, 
 
 def advantages(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """``(advantages, returns, metrics)`` over the trainable tokens: GAE from the critic's
-    ``old_values`` with the episode reward on the last trainable token, or the group baseline of
-    ``algo.estimator`` spread over the row; whitened with ``algo.normalize_advantages``."""
+    ``old_values`` with the episode reward on the last trainable token, whitened with
+    ``algo.normalize_advantages``; or the group baseline of ``algo.estimator`` spread over the row,
+    as it is (normalised within its group already: a group whose samples all earned the same
+    reward keeps advantage 0)."""
     mask = batch.loss_mask
     metrics: dict[str, float] = {}
     if algo.estimator == "gae":
@@ -56,7 +58,7 @@ def advantages(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tens
         ret = torch.where(mask, batch.rewards[:, None].expand_as(mask), torch.zeros(()))
     raw = adv[mask]
     metrics["zero_adv_frac"] = float((raw == 0).float().mean()) if raw.numel() else 0.0
-    if algo.normalize_advantages:
+    if algo.normalize_advantages and algo.critic:
         adv = whiten(adv, mask)
     metrics["advantage_mean_abs"] = float(raw.abs().mean()) if raw.numel() else 0.0
     return adv, ret, metrics

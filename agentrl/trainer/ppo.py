@@ -42,11 +42,14 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         kept = [i for i, t in enumerate(trajectories) if t.status not in NOT_TRAINABLE]
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
         t1 = time.monotonic()
-        # 2. recompute old log-probs (training engine) and values (critic)
-        batch.old_logprobs = run.backend.logprobs(batch, cfg.rollout.temperature)
-        batch.old_values = run.backend.values(batch)
+        # 2. recompute old log-probs (training engine, at the temperature the engine reported its
+        # log-probs at: greedy ones are at 1) and values (critic; GAE only)
+        loss = loss_config(cfg)
+        batch.old_logprobs = run.backend.logprobs(batch, loss.temperature)
+        if cfg.algo.critic:
+            batch.old_values = run.backend.values(batch)
         if cfg.algo.kl_coef > 0:
-            batch.ref_logprobs = run.backend.ref_logprobs(batch, cfg.rollout.temperature)
+            batch.ref_logprobs = run.backend.ref_logprobs(batch, loss.temperature)
         # 3. IcePop (or TIS) token weights from recomputed vs rollout log-probs
         batch.token_weights, filter_metrics = token_weights(batch, cfg.algo)
         # 4. advantages: GAE over trainable tokens, or a group baseline
@@ -57,9 +60,9 @@ async def train(cfg: TrainConfig, log=print) -> dict:
             token_stats.write(cfg.run_dir, it, [trajectories[i] for i in kept], batch)
             debug["debug/token_stats_s"] = time.monotonic() - t_stats
         # 5. critic, then actor (after the critic-only warm-up)
-        train_metrics = run.backend.train_critic(batch, loss_config(cfg))
+        train_metrics = run.backend.train_critic(batch, loss) if cfg.algo.critic else {}
         if it >= cfg.algo.critic_warmup:
-            train_metrics |= run.backend.train_actor(batch, loss_config(cfg))
+            train_metrics |= run.backend.train_actor(batch, loss)
         # 6. weight sync to the inference engine
         await run.engine.update_weights(run.backend.engine_state_dict())
         # 7. checkpoint, then metrics (a resumed run redoes whatever came after its checkpoint)

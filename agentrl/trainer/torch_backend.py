@@ -374,6 +374,7 @@ class TorchBackend:
         return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
 
     def values(self, batch: Batch) -> Tensor:
+        _needs_critic(self)
         return self._all(lambda rows: self._row_values(batch, rows), batch)
 
     # -- updates --
@@ -438,6 +439,7 @@ class TorchBackend:
     ) -> dict[str, float]:
         """Value regression on the batch: ``epochs`` passes (default: the backend's ``critic_epochs``) of
         ``minibatches`` optimizer steps each (default: the backend's)."""
+        _needs_critic(self)
         device = self.device
 
         def loss_fn(micro: list[int]):
@@ -521,6 +523,14 @@ class TorchBackend:
             self.reference.load_state_dict(state["reference"])
 
 
+def _needs_critic(backend) -> None:
+    if backend.critic is None:
+        raise RuntimeError(
+            "this backend was built without a value model (critic=True; a run builds one for "
+            "estimator gae only)"
+        )
+
+
 def _mean(history: list[dict[str, float]], prefix: str = "") -> dict[str, float]:
     keys = {k for h in history for k in h}
     return {prefix + k: sum(h.get(k, 0.0) for h in history) / max(1, len(history)) for k in sorted(keys)}
@@ -551,5 +561,6 @@ def from_config(policy: nn.Module, cfg) -> TorchBackend:
         logprob_chunk=o.logprob_chunk,
         dtype=resolve_dtype(cfg.model.dtype, next(policy.parameters()).device),
         reference=cfg.algo.kl_coef > 0,
+        critic=cfg.algo.critic,
         seed=cfg.run.seed,
     )

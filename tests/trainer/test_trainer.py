@@ -98,6 +98,58 @@ def test_ppo_learns_the_one_right_answer_within_50_iterations(tmp_path, capsys):
     assert "model.init: cannot load" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_group_estimator_learns_the_one_right_answer_with_no_critic(tmp_path, estimator):
+    from agentrl.trainer.ppo import main
+
+    overrides = [f"run.output_dir={tmp_path}", "run.iterations=30", f"algo.estimator={estimator}"]
+    summary = main(load_config(TrainConfig, None, [*TOY, *overrides]))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    curve = [r["success_rate"] for r in records]
+    assert summary["eval_before"] == 0.0 and summary["eval_after"] == 1.0, curve
+    # no value model is built, run or trained: only GAE reads one
+    assert not [k for r in records for k in r if k.startswith("critic/")]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "iter-000030" / "backend.pt", weights_only=False)
+    assert "critic" not in state and "policy" in state
+
+
+def test_greedy_rollouts_train_with_the_log_probs_the_engine_reports_at_temperature_1(tmp_path):
+    from agentrl.trainer.ppo import main
+
+    overrides = [f"run.output_dir={tmp_path}", "run.iterations=2", "rollout.temperature=0"]
+    main(load_config(TrainConfig, None, [*TOY, *overrides, "env.eval_tasks=2"]))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the engine's greedy log-probs and the trainer's recomputation are of one distribution
+    assert [r["icepop_masked_frac"] for r in records] == [0.0, 0.0]
+    assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records), records
+
+
+def test_group_advantages_are_not_whitened_again_and_a_uniform_group_keeps_zero():
+    from agentrl.trainer.phases import advantages
+
+    def row(trainable: int, reward: float) -> Trajectory:
+        n = 3 + trainable
+        spans = [TurnSpan(0, 3, "prompt"), TurnSpan(3, n, "assistant")]
+        return Trajectory(list(range(1, n + 1)), [0] * 3 + [1] * trainable, [0.0] * n, spans, reward=reward)
+
+    # group 0: a success over 2 tokens, a failure over 6; group 1: two successes over 3 tokens each
+    batch = Batch.from_trajectories([row(2, 1.0), row(6, 0.0), row(3, 1.0), row(3, 1.0)], [0, 0, 1, 1])
+    algo = load_config(TrainConfig, None, ["algo.estimator=grpo"]).algo
+    assert algo.normalize_advantages  # the default, which applies to GAE's advantages only
+    adv, returns, metrics = advantages(batch, algo)
+    mask = batch.loss_mask
+    # (r - mean) / std within the group (Bessel's std of [1, 0] is 0.7071), spread over the row's tokens
+    torch.testing.assert_close(adv[0][mask[0]], torch.full((2,), 0.5 / 0.5**0.5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(adv[1][mask[1]], torch.full((6,), -0.5 / 0.5**0.5), atol=1e-5, rtol=0)
+    assert (adv[2:] == 0).all() and (adv[~mask] == 0).all()
+    assert metrics["zero_adv_frac"] == pytest.approx(6 / 14)  # group 1's tokens, as they reach the loss
+    assert torch.equal(returns[mask], batch.rewards[:, None].expand_as(mask)[mask])
+    # GAE's advantages are whitened over the batch's tokens
+    batch.old_values = torch.zeros(mask.shape)
+    gae_adv, _, _ = advantages(batch, load_config(TrainConfig).algo)
+    assert abs(float(gae_adv[mask].mean())) < 1e-6 and abs(float(gae_adv[mask].std()) - 1) < 1e-5
+
+
 def synthetic_batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     trajectories = []
@@ -601,6 +653,12 @@ def test_bad_train_config_names_the_key(capsys):
     )
     err = capsys.readouterr().err
     assert "estimator grpo needs rollout.n_samples >= 2 (a group baseline)." in err and "'run'" not in err
+    recipe = str(ROOT / "recipes/quickstart.yaml")  # its algo.critic_warmup is 1
+    assert main(["train", recipe, "algo.estimator=rloo"]) == 2
+    err = capsys.readouterr().err
+    assert "algo.critic_warmup=1 trains only the critic" in err and "set algo.critic_warmup=0" in err
+    assert main(["train", recipe, "algo.policy_loss=gmpo"]) == 2
+    assert "use estimator grpo or rloo with gmpo" in capsys.readouterr().err
 
 
 def test_rollout_sampling_settings_reach_the_agent_loop_and_evaluation_is_greedy():

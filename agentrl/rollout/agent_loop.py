@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from agentrl.env import AgentEnv, Task
 from agentrl.rollout.engine import Engine, EngineError, SamplingParams
 from agentrl.sandbox import SandboxError
 from agentrl.tools import ParsedTurn, ToolCall, get_parser
-from agentrl.trajectory import NOT_TRAINABLE, Trajectory, TurnSpan
+from agentrl.trajectory import NOT_TRAINABLE, STATUSES, Trajectory, TurnSpan
 
 log = logging.getLogger(__name__)
 TASK_DATA_MAX = 4096
@@ -212,6 +213,27 @@ def _parse_safely(parse, text: str, tools) -> ParsedTurn:
         return ParsedTurn(text.strip(), [ToolCall("", id="call_0", raw=text, error=error)])
 
 
+def _env_status(status: Any) -> str:
+    """The status an env ended an episode with (``info["status"]``): one of the trajectory's."""
+    if status not in STATUSES:
+        raise ValueError(
+            f"step() ended the episode with info['status'] = {status!r}, which is not one of {STATUSES}; "
+            "leave it out (completed), or put the env's own outcome under another key of info"
+        )
+    return status
+
+
+def _env_reward(reward: Any, where: str) -> float:
+    """An env's reward as a finite float, or a ValueError naming where it came from."""
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{where} returned reward {reward!r}; a reward must be a finite number")
+    return value
+
+
 async def run_episode(
     env: AgentEnv,
     engine: Engine,
@@ -330,8 +352,8 @@ async def run_episode(
             for call in result.info.get("tool_calls", []):
                 traj.tool_calls.append({"turn": turn - 1, **call})
             if result.done:
-                reward, graded = float(result.reward), True
-                status = result.info.get("status", "completed")
+                reward, graded = _env_reward(result.reward, "step()"), True
+                status = _env_status(result.info.get("status", "completed"))
                 if result.info.get("grade") is not None:  # the env's grading report, shown by replay
                     traj.extra["grade"] = json.loads(json.dumps(result.info["grade"], default=str))
                 break
@@ -361,7 +383,7 @@ async def run_episode(
             grade = getattr(env, "grade", None)
             if grade is not None:
                 try:
-                    reward = float(await asyncio.shield(asyncio.wait_for(grade(), 300)))
+                    reward = _env_reward(await asyncio.shield(asyncio.wait_for(grade(), 300)), "grade()")
                 except Exception as e:
                     traj.extra["grade_error"] = f"{type(e).__name__}: {e}"
         try:

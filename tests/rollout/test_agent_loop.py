@@ -130,6 +130,47 @@ def test_budgets_and_failures_each_give_their_status(tiny):
     run(go())
 
 
+def test_an_env_that_breaks_the_episode_contract_costs_that_episode_not_the_run(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+
+    class OwnStatus(EchoEnv):
+        def __init__(self, status=None, reward=1.0, grade=0.5, episode_len=1):
+            super().__init__(episode_len=episode_len, reward=reward)
+            self.status, self.grade_value = status, grade
+
+        async def step(self, tool_calls):
+            result = await super().step(tool_calls)
+            if self.status is not None:
+                result.info["status"] = self.status
+            return result
+
+        async def grade(self):
+            return self.grade_value
+
+    async def episode(env, **cfg):
+        return (await run_episode(env, FixedEngine([eot]), tok, Task("t"), LoopConfig(**cfg))).validate()
+
+    async def go():
+        t = await episode(OwnStatus("solved"))
+        assert t.status == "env_error" and t.reward == 0.0
+        assert "info['status'] = 'solved', which is not one of" in t.extra["error"]
+        assert (await episode(OwnStatus("max_turns"))).status == "max_turns"  # one of the loop's own
+        t = await episode(OwnStatus(reward=float("nan")))
+        assert t.status == "env_error" and "step() returned reward nan" in t.extra["error"]
+        t = await episode(OwnStatus(reward="1"))  # a number in a string is read as one
+        assert t.status == "completed" and t.reward == 1.0
+        # a grade on the way out of a cut-off episode that is not a number: recorded, reward 0
+        t = await episode(OwnStatus(grade=None, episode_len=5), max_turns=1)
+        assert (
+            t.status == "max_turns"
+            and t.reward == 0.0
+            and "grade() returned reward None" in t.extra["grade_error"]
+        )
+
+    run(go())
+
+
 def test_a_parser_that_raises_costs_a_tool_call_error_not_the_episode(tiny, monkeypatch):
     _, tok = tiny
     eot = tok.convert_tokens_to_ids("<|im_end|>")

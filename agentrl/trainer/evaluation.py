@@ -14,7 +14,8 @@ from agentrl.rollout.from_config import env_factory, load_policy, loop_config, s
 from agentrl.rollout.pool import RolloutPool
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.build import Run, rollout_seed
-from agentrl.trajectory import succeeded
+from agentrl.trainer.phases import check_collected
+from agentrl.trajectory import NOT_TRAINABLE, succeeded
 
 
 async def evaluate(run: Run) -> dict[str, float]:
@@ -74,7 +75,10 @@ async def held_out(
             store=store,
         )
 
-    solved = [float(succeeded(t.reward)) for t in await pool(True, 1).run(list(tasks))]
+    greedy = await pool(True, 1).run(list(tasks))
+    measured = any(t.status not in NOT_TRAINABLE and any(t.loss_mask) for t in greedy)
+    check_collected(greedy, measured, cfg, f"held-out evaluation on {len(tasks)} {cfg.env.eval_split} tasks")
+    solved = [float(succeeded(t.reward)) for t in greedy]
     result = {}
     result["eval_success"], result["eval_success_ci95"] = mean_ci95(solved)
     text = f"held-out success on {len(tasks)} {cfg.env.eval_split} tasks: {result['eval_success']:.3f}"

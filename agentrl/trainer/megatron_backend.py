@@ -48,7 +48,7 @@ from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megat
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
 from agentrl.trainer.megatron_optim import DistributedAdam
 from agentrl.trainer.megatron_parallel import collective, init_parallel
-from agentrl.trainer.torch_backend import _mean, _needs_critic, lr_schedule, pack
+from agentrl.trainer.torch_backend import _live, _mean, _needs_critic, lr_schedule, pack
 
 
 class HiddenOut(nn.Module):
@@ -349,7 +349,9 @@ class MegatronBackend:
     @torch.no_grad()
     def _all(self, fn, batch: Batch) -> Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for rows in pack(batch.lengths.tolist(), list(range(batch.size)), self.budget):
+        for rows in pack(
+            batch.lengths.tolist(), _live(batch), self.budget
+        ):  # 0 for rows with no trainable token
             got = fn(rows)
             if got is not None:
                 out[rows] = got.cpu()

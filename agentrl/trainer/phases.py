@@ -18,9 +18,38 @@ from agentrl.algo import (
     tis_weights,
     whiten,
 )
-from agentrl.config import AlgoConfig
+from agentrl.config import AlgoConfig, ConfigError, TrainConfig
 from agentrl.trainer.backend import Batch
 from agentrl.trajectory import CUT_OFF, Trajectory, succeeded
+
+
+def check_collected(trajectories: list[Trajectory], trainable: bool, cfg: TrainConfig, what: str) -> None:
+    """Stop the run when a whole batch of episodes (``what``: an iteration's, the held-out ones)
+    gave nothing to learn from or to measure: every episode failed (``trainable`` False: each ended
+    env_error, engine_error or aborted), or none holds a token the policy generated. That is a
+    broken environment, sandbox or engine, or a prompt over ``rollout.max_context``, not a policy
+    that has yet to learn; going on would train on nothing and report 0 as a measurement."""
+    if not trajectories or trainable:
+        return
+    statuses = dict(Counter(t.status for t in trajectories))
+    failed = next((t for t in trajectories if t.extra.get("error")), None)
+    first = f"; the first error ({failed.task_id}): {failed.extra['error']}" if failed is not None else ""
+    if all(t.status == "truncated_context" and not t.finish_reasons for t in trajectories):
+        hint = (
+            f"the prompts alone fill rollout.max_context={cfg.rollout.max_context} tokens: raise it, "
+            "or shorten the environment's prompt"
+        )
+    elif statuses.keys() <= {"engine_error", "aborted"}:
+        hint = f"check the inference engine (engine.kind={cfg.engine.kind})"
+    else:
+        hint = (
+            f"check the environment and its sandbox: agentrl envs check {cfg.env.id} "
+            f"(sandbox.kind={cfg.sandbox.kind})"
+        )
+    raise ConfigError(
+        f"{what}: none of its {len(trajectories)} episodes holds a token the policy generated and "
+        f"ended normally (statuses {statuses}){first}; {hint}"
+    )
 
 
 def token_weights(batch: Batch, algo: AlgoConfig) -> tuple[torch.Tensor | None, dict[str, float]]:

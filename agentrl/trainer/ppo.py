@@ -19,7 +19,7 @@ from agentrl.config import TrainConfig
 from agentrl.trainer.backend import Batch
 from agentrl.trainer.build import Run, loss_config, rollout_seed, setup
 from agentrl.trainer.evaluation import evaluate
-from agentrl.trainer.phases import advantages, rollout_metrics, token_weights
+from agentrl.trainer.phases import advantages, check_collected, rollout_metrics, token_weights
 from agentrl.trainer.report import finish
 from agentrl.trainer.warm_start import warm_start
 from agentrl.trajectory import NOT_TRAINABLE
@@ -41,6 +41,7 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         trajectories = await run.pool.run(tasks, extra={"iteration": it})
         kept = [i for i, t in enumerate(trajectories) if t.status not in NOT_TRAINABLE]
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
+        check_collected(trajectories, bool(batch.loss_mask.any()), cfg, f"iteration {it}")
         t1 = time.monotonic()
         # 2. recompute old log-probs (training engine, at the temperature the engine reported its
         # log-probs at: greedy ones are at 1) and values (critic; GAE only)

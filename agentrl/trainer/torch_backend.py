@@ -357,9 +357,11 @@ class TorchBackend:
 
     @torch.no_grad()
     def _all(self, fn, batch: Batch) -> Tensor:
+        """``fn`` over the batch's rows, micro-batch by micro-batch; 0 for a row with no trainable token
+        (nothing reads its log-probs or values: it is not run, however long its prompt)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         lengths = batch.lengths.tolist()
-        for rows in self._group(lengths, list(range(batch.size)), self.budget):
+        for rows in self._group(lengths, _live(batch), self.budget):
             out[rows] = fn(rows).cpu()
         return out
 
@@ -521,6 +523,11 @@ class TorchBackend:
             self.critic_sched.load_state_dict(state["critic_sched"])
         if self.reference is not None and "reference" in state:
             self.reference.load_state_dict(state["reference"])
+
+
+def _live(batch: Batch) -> list[int]:
+    """The rows with a trainable token."""
+    return [r for r, any_ in enumerate(batch.loss_mask.any(1).tolist()) if any_]
 
 
 def _needs_critic(backend) -> None:

@@ -124,6 +124,38 @@ def test_greedy_rollouts_train_with_the_log_probs_the_engine_reports_at_temperat
     assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records), records
 
 
+def test_a_batch_with_nothing_to_learn_from_stops_the_run_with_the_reason(tmp_path, capsys):
+    from agentrl.cli import main as cli
+
+    args = ["train", str(ROOT / "recipes/quickstart.yaml"), *TOY, f"run.output_dir={tmp_path}"]
+    args += ["env.args={}", "env.eval_tasks=2", "sft.episodes=0", "algo.critic_warmup=0"]
+    # every episode ends env_error: the held-out evaluation before training says so and why
+    assert cli([*args, "env.args.broken=true"]) == 2
+    err = capsys.readouterr().err
+    assert "held-out evaluation on 2 test tasks: none of its 2 episodes" in err
+    assert "statuses {'env_error': 2}" in err and "the service behind this env is down" in err
+    assert "agentrl envs check magic-word-v0" in err
+    # no episode has room for a turn: the prompts fill the context (evaluation off, so training says it)
+    assert cli([*args, "rollout.max_context=64", "env.eval_tasks=0"]) == 2
+    err = capsys.readouterr().err
+    assert "iteration 0: none of its 64 episodes" in err and "fill rollout.max_context=64 tokens" in err
+
+
+def test_rows_without_a_trainable_token_are_not_run_through_the_model():
+    model, _ = tiny_chat_model(seed=3)
+    backend = TorchBackend(model, micro_token_budget=10_000)
+    batch = synthetic_batch()
+    batch.loss_mask[1] = False  # a row cut off before the policy's first turn
+    seen = []
+    backbone = backend.policy.model
+    handle = backbone.register_forward_hook(
+        lambda m, args, kwargs, out: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    logp = backend.logprobs(batch)
+    handle.remove()
+    assert seen == [2] and (logp[1] == 0).all() and (logp[0] != 0).any() and (logp[2] != 0).any()
+
+
 def test_group_advantages_are_not_whitened_again_and_a_uniform_group_keeps_zero():
     from agentrl.trainer.phases import advantages
 

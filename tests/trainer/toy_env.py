@@ -12,8 +12,8 @@ class MagicWordEnv:
     deterministic = True
     reads_text = True
 
-    def __init__(self, word: str = MAGIC):
-        self.word = word
+    def __init__(self, word: str = MAGIC, broken: bool = False):
+        self.word, self.broken = word, broken
 
     def tasks(self, split: str) -> list[Task]:
         if split not in ("train", "test"):
@@ -21,6 +21,8 @@ class MagicWordEnv:
         return [Task(f"{split}-{i}", {}) for i in range(1000)]
 
     async def reset(self, task: Task) -> Observation:
+        if self.broken:
+            raise RuntimeError("the service behind this env is down")
         return Observation([{"role": "user", "content": "Say the magic word."}], [SUBMIT])
 
     async def step(self, tool_calls, text: str = "") -> StepResult:

@@ -6,7 +6,7 @@ and stored with the assistant message (``messages[...]["tool_calls"]``, malforme
 so the env answers them as it did). After each ``step`` the comparison is, in order: for every
 tool call, its exit code and its output (the env's ``info["tool_calls"]`` against the trajectory's
 ``tool_calls`` of that turn); then the observation messages the policy read; when the env ends the
-episode, whether it ends on the same turn and with the same reward. The first difference is the
+episode, whether it ends on the same turn, with the same status and reward. The first difference is the
 divergence. Durations that tools print ("5 passed in 0.03s") are masked before comparing (``VOLATILE``;
 ``exact=True`` compares every byte). An identical replay says the environment reproduces the episode, so a bad episode is
 the policy's doing; a divergence on a call whose inputs were the same points at a
@@ -14,7 +14,8 @@ nondeterministic environment (time, randomness, network, state left over between
 
 The environment is the run's: a run directory's ``config.json`` gives ``env.args``, the sandbox
 kind and the turn limit (``agentrl.rollout.from_config.env_factory``, as training built it).
-A bare store has no config; its env is built from the registered defaults and ``sandbox``.
+A bare store has no config; its env is built from the registered defaults and ``sandbox``, with
+the episode's turns as its ``max_turns`` when the env ended the episode ``max_turns``.
 The task is rebuilt from the data the agent loop stored with the trajectory
 (``extra["task_data"]``), or else found by id in the env's splits.
 
@@ -38,7 +39,7 @@ from agentrl.env import AgentEnv, Task
 from agentrl.replay.episodes import ReplayError
 from agentrl.replay.transcript import turn_messages
 from agentrl.tools import ToolCall
-from agentrl.trajectory import Trajectory
+from agentrl.trajectory import NOT_TRAINABLE, Trajectory
 
 SCAN_LIMIT = 20_000
 """At most this many tasks of each split are searched for a task id (stores written before
@@ -191,13 +192,15 @@ async def reexec(env: AgentEnv, t: Trajectory, task: Task, *, exact: bool = Fals
                 return out
             if result.done:
                 out.reward = float(result.reward)
+                status = result.info.get("status", "completed")
                 if not last:
                     out.divergence = Divergence(k + 1, "end", "the episode went on", "the env ended it here")
-                elif t.status in STEPPED_LAST and t.status != "completed":
+                elif after or status != t.status:  # the loop ended it (the env went on), or another end
+                    by = " by the loop's turn limit (the env went on)" if after else ""
                     out.divergence = Divergence(
-                        k + 1, "end", f"the episode ended {t.status}", "the env ended it"
+                        k + 1, "end", f"the episode ended {t.status}{by}", f"the env ended it {status}"
                     )
-                elif out.reward != t.reward and t.status == "completed":
+                elif out.reward != t.reward and t.status not in NOT_TRAINABLE:
                     out.divergence = Divergence(k + 1, "reward", t.reward, out.reward)
                 return out
             if _text(result.observation, exact) != _text(after, exact):
@@ -258,6 +261,8 @@ def build_env(store: Path, t: Trajectory, sandbox: str | None) -> tuple[AgentEnv
                 args["sandbox"] = resolve_kind(sandbox or "auto")
             except NoSandboxError as e:
                 raise ReplayError(str(e)) from None
+        if "max_turns" in params and (limit := env_turn_limit(t)):
+            args["max_turns"] = limit
         env = make_env(t.env_id, args, "--sandbox")
     except ConfigError as e:
         raise ReplayError(str(e)) from None
@@ -265,8 +270,19 @@ def build_env(store: Path, t: Trajectory, sandbox: str | None) -> tuple[AgentEnv
         env,
         ["train", "test"],
         "the environment's registered defaults"
-        + (f", sandbox {args['sandbox']}" if "sandbox" in args else ""),
+        + (f", sandbox {args['sandbox']}" if "sandbox" in args else "")
+        + (f", max_turns {args['max_turns']} (where the episode ended)" if "max_turns" in args else ""),
     )
+
+
+def env_turn_limit(t: Trajectory) -> int | None:
+    """The env's turn limit as the episode shows it: its number of turns when it ended ``max_turns``
+    with nothing after the last turn (the env ended it; the loop would have kept its observation);
+    else None (a bare store does not say)."""
+    turns = assistant_turns(t)
+    if t.status == "max_turns" and turns and not turns[-1][1]:
+        return len(turns)
+    return None
 
 
 def _show(value: Any) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,10 +23,10 @@ def add_commands(commands) -> None:
     )
     validate.add_argument("path", help="a .jsonl or .parquet file of swe-v0 rows")
     validate.add_argument(
-        "--sample", type=int, default=0, help="rows to check, spread over the repos (0: all)"
+        "--sample", type=_at_least(0), default=0, help="rows to check, spread over the repos (0: all)"
     )
     validate.add_argument("--sandbox", choices=["auto", "docker", "local"], default="auto")
-    validate.add_argument("--concurrency", type=int, default=2)
+    validate.add_argument("--concurrency", type=_at_least(1), default=2)
     validate.set_defaults(func=_validate)
     build = actions.add_parser(
         "build", help="build tasks from a released sdist by injecting one bug at a time"
@@ -59,11 +60,94 @@ def add_commands(commands) -> None:
         "grade", help="grade predictions (instance_id, model_name_or_path, model_patch)"
     )
     grade.add_argument("path", help="the task rows")
-    grade.add_argument("--predictions", required=True, help="JSON lines of swebench-format predictions")
+    grade.add_argument(
+        "--predictions",
+        required=True,
+        help="swebench-format predictions: JSON lines, or a JSON list",
+    )
     grade.add_argument("--report", default=None, help="write {instance_id: report} here as JSON")
     grade.add_argument("--sandbox", choices=["auto", "docker", "local"], default="auto")
-    grade.add_argument("--concurrency", type=int, default=2)
+    grade.add_argument("--concurrency", type=_at_least(1), default=2)
     grade.set_defaults(func=_grade)
+
+
+def _at_least(low: int):
+    """An argparse type: an integer no smaller than ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}; pass {low} or more")
+        return value
+
+    return parse
+
+
+def read_predictions(path: str, rows: dict[str, SweRow], tasks: str) -> list[tuple[SweRow, str]]:
+    """``(row, model_patch)`` per prediction of a JSON-lines file or a JSON list (swebench takes
+    both), each checked before any sandbox starts; a ``ValueError`` names the bad one."""
+    file = Path(path)
+    if not file.is_file():
+        what = "is a directory" if file.is_dir() else "does not exist"
+        raise ValueError(f"--predictions {path} {what}; pass a JSON-lines file of predictions")
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--predictions {path} cannot be read ({e})") from None
+    if text.lstrip().startswith("["):
+        try:
+            items = list(enumerate(json.loads(text)))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a JSON list of predictions ({e})") from None
+        where = "item"
+    else:
+        items, where = [], "line"
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    items.append((n, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not a line of JSON ({e})") from None
+    jobs, seen = [], {}
+    for n, prediction in items:
+        at = f"{path}: {where} {n}"
+        if not isinstance(prediction, dict) or not {"instance_id", "model_patch"} <= prediction.keys():
+            raise ValueError(
+                f"{at}: not a prediction with instance_id and model_patch; got {prediction!r:.200}"
+            )
+        instance, patch = prediction["instance_id"], prediction["model_patch"]
+        if not isinstance(instance, str) or instance not in rows:
+            raise ValueError(f"{at}: instance_id {instance!r} is not a row of {tasks}")
+        if patch is not None and not isinstance(patch, str):
+            raise ValueError(
+                f"{at} ({instance}): field 'model_patch' must be a string (a diff, or empty); "
+                f"got {type(patch).__name__}"
+            )
+        if instance in seen:
+            raise ValueError(
+                f"{at}: instance_id {instance!r} is predicted again ({where} {seen[instance]} has it); "
+                "keep one prediction per instance"
+            )
+        seen[instance] = n
+        jobs.append((rows[instance], patch or ""))
+    if not jobs:
+        raise ValueError(f"--predictions {path} holds no predictions")
+    return jobs
+
+
+def _check_writable(path: str) -> None:
+    """Stop before grading if the report could not be written after it."""
+    file = Path(path)
+    folder = file.parent
+    if file.is_dir():
+        raise ValueError(f"--report {path} is a directory; pass a file path such as {file / 'report.json'}")
+    if not folder.is_dir():
+        raise ValueError(f"--report {path}: the directory {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or (file.exists() and not os.access(file, os.W_OK)):
+        raise ValueError(f"--report {path} is not writable here; pass a path you can write")
 
 
 def sample(rows: list[SweRow], n: int) -> list[SweRow]:
@@ -138,26 +222,13 @@ def _grade(args: argparse.Namespace) -> int:
     except RowError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    jobs = []
-    for n, line in enumerate(Path(args.predictions).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            prediction = json.loads(line)
-            instance, patch = prediction["instance_id"], prediction["model_patch"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            print(
-                f"error: {args.predictions}:{n}: not a prediction with instance_id and model_patch ({e})",
-                file=sys.stderr,
-            )
-            return 2
-        if instance not in env.rows:
-            print(
-                f"error: {args.predictions}:{n}: instance_id {instance!r} is not a row of {args.path}",
-                file=sys.stderr,
-            )
-            return 2
-        jobs.append((env.rows[instance], patch or ""))
+    try:
+        jobs = read_predictions(args.predictions, env.rows, args.path)
+        if args.report:
+            _check_writable(args.report)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     reports = asyncio.run(_grade_all(env, jobs, args.concurrency))
     print(
         "| instance | resolved | F2P passed | P2P passed | applied by | dropped |\n|---|---|---|---|---|---|"
@@ -179,7 +250,15 @@ def _grade(args: argparse.Namespace) -> int:
     resolved = sum(r["resolved"] for r in reports)
     print(f"resolved {resolved} of {len(reports)}")
     if args.report:
-        Path(args.report).write_text(json.dumps(out, indent=2))
+        try:
+            Path(args.report).write_text(json.dumps(out, indent=2))
+        except OSError as e:  # checked before grading, so rare: keep the reports on stdout
+            print(json.dumps(out, indent=2))
+            print(
+                f"error: --report {args.report} cannot be written ({e}); the reports are above",
+                file=sys.stderr,
+            )
+            return 2
     return 0
 
 

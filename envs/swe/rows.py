@@ -263,13 +263,18 @@ def load_rows(path: str | Path) -> list[SweRow]:
     if not path.is_file():
         raise RowError(f"no task file at {path}; pass a .jsonl or .parquet file of swe-v0 rows")
     kind = "parquet" if path.suffix == ".parquet" else "json"
+    empty = RowError(f"{path} holds no task rows; pass a .jsonl or .parquet file of swe-v0 rows")
+    # datasets fails on an empty file with a bare StopIteration
+    if path.stat().st_size == 0 or (kind == "json" and not path.read_bytes().strip()):
+        raise empty
     import datasets
 
     datasets.disable_progress_bars()
     try:
         table = datasets.load_dataset(kind, data_files=str(path), split="train")
     except Exception as e:  # a malformed line: datasets says where
-        raise RowError(f"{path}: cannot be read as {kind} rows: {str(e).splitlines()[0][:500]}") from e
+        message = (str(e).splitlines() or [type(e).__name__])[0]
+        raise RowError(f"{path}: cannot be read as {kind} rows: {message[:500]}") from e
     rows, seen = [], set()
     for index, raw in enumerate(table):
         row = parse_row(raw, path.parent, index)
@@ -277,4 +282,6 @@ def load_rows(path: str | Path) -> list[SweRow]:
             raise RowError(f"{path}: row {index}: instance_id {row.instance_id!r} appears twice")
         seen.add(row.instance_id)
         rows.append(row)
+    if not rows:
+        raise empty
     return rows

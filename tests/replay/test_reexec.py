@@ -9,10 +9,10 @@ import json
 import pytest
 
 from agentrl.cli import main
-from agentrl.env import Task, make
+from agentrl.env import StepResult, Task, make
 from agentrl.models import tiny_tokenizer
 from agentrl.replay.episodes import ReplayError
-from agentrl.replay.reexec import describe, find_task, reexec
+from agentrl.replay.reexec import describe, env_turn_limit, find_task, reexec
 from agentrl.rollout.agent_loop import LoopConfig, run_episode
 from agentrl.rollout.scripted import ScriptedEngine
 from agentrl.store import TrajectoryStore
@@ -248,3 +248,54 @@ def test_durations_tools_print_are_not_divergences_unless_exact(tok):
     assert asyncio.run(reexec(TimedEnv(2), t, Task("train-2", {"n": 2}))).divergence is None
     exact = asyncio.run(reexec(TimedEnv(2), t, Task("train-2", {"n": 2}), exact=True)).divergence
     assert (exact.turn, exact.what) == (1, "output")
+
+
+class LimitedEnv(EchoEnv):
+    """Ends the episode itself at its turn limit with status max_turns, as the coding envs do."""
+
+    def __init__(self, max_turns: int):
+        super().__init__(episode_len=100)
+        self.max_turns = max_turns
+
+    async def step(self, tool_calls):
+        result = await super().step(tool_calls)
+        if self.steps >= self.max_turns:
+            return StepResult([], 0.5, True, {"status": "max_turns"})
+        return result
+
+
+def test_an_episode_the_env_ended_at_its_turn_limit_replays_identically_under_that_limit(tok):
+    t = episode(tok, LimitedEnv(2), [bash("ls")], max_turns=2)
+    assert t.status == "max_turns" and t.reward == 0.5 and env_turn_limit(t) == 2
+    result = asyncio.run(reexec(LimitedEnv(2), t, Task("train-2", {"n": 2})))
+    assert result.divergence is None and result.turns == 2 and result.reward == 0.5
+    # Ended by the loop's limit while the env went on: an env that now ends it there differs.
+    cut = episode(tok, LimitedEnv(5), [bash("ls")], max_turns=2)
+    assert cut.status == "max_turns" and env_turn_limit(cut) is None
+    d = asyncio.run(reexec(LimitedEnv(2), cut, Task("train-2", {"n": 2}))).divergence
+    assert (d.turn, d.what) == (2, "end") and "by the loop's turn limit" in d.recorded
+
+
+@pytest.mark.parametrize("run_dir", [False, True])
+def test_a_bugfix_episode_that_ended_max_turns_replays_identically(tmp_path, tok, capsys, run_dir):
+    """The real env ends the episode at rollout.max_turns, as the loop does: no divergence, from a
+    run directory (its config gives the limit) or a bare store (the episode shows it)."""
+    needs_bwrap()
+    from agentrl.config import TrainConfig
+
+    env = make("bugfix-v0", sandbox="local", max_turns=2)
+    task = env.tasks("train")[0]
+    engine = ScriptedEngine(tok, script=[bash("ls"), bash("ls")])
+    t = asyncio.run(run_episode(env, engine, tok, task, LoopConfig(max_turns=2)))
+    assert t.status == "max_turns"
+    store = tmp_path / "run" / "trajectories" if run_dir else tmp_path / "store"
+    with TrajectoryStore(store) as s:
+        s.append(t)
+    if run_dir:
+        cfg = TrainConfig.model_validate(
+            {"env": {"id": "bugfix-v0"}, "sandbox": {"kind": "local"}, "rollout": {"max_turns": 2}}
+        )
+        (store.parent / "config.json").write_text(cfg.model_dump_json())
+    assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 0
+    out = capsys.readouterr().out
+    assert "replayed 2 turns, 2 tool calls" in out and "identical:" in out

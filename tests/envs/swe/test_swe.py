@@ -332,3 +332,99 @@ def test_swe_validate_and_grade_commands(dataset, capsys):
     predictions.write_text(json.dumps({"instance_id": "nope", "model_patch": ""}) + "\n")
     assert main(["swe", "grade", str(rows), "--predictions", str(predictions), "--sandbox", "local"]) == 2
     assert "instance_id 'nope' is not a row of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "blank.jsonl", "empty.yaml"])
+def test_a_task_file_without_rows_is_an_input_error(dataset, capsys, name):
+    from agentrl.cli import main
+
+    folder, _ = dataset
+    (folder / name).write_text("\n\n" if name == "blank.jsonl" else "")
+    with pytest.raises(RowError, match="holds no task rows"):
+        load_rows(folder / name)
+    assert main(["swe", "validate", str(folder / name), "--sandbox", "local"]) == 2
+    assert main(["swe", "grade", str(folder / name), "--predictions", "p.jsonl", "--sandbox", "local"]) == 2
+    assert capsys.readouterr().err.count("holds no task rows") == 2
+
+
+@pytest.mark.parametrize(
+    "predictions, report, message",
+    [
+        (None, None, "--predictions {folder}/missing.jsonl does not exist"),
+        ("DIR", None, "--predictions {folder}/preds.jsonl is a directory"),
+        (
+            [{"instance_id": "pypi__mini-1.0__add", "model_patch": 5}],
+            None,
+            "line 1 (pypi__mini-1.0__add): field 'model_patch' must be a string",
+        ),
+        (
+            [{"instance_id": "pypi__mini-1.0__add", "model_patch": ""}] * 2,
+            None,
+            "line 2: instance_id 'pypi__mini-1.0__add' is predicted again (line 1 has it)",
+        ),
+        ([{"instance_id": ["x"], "model_patch": ""}], None, "line 1: instance_id ['x'] is not a row of"),
+        ([5], None, "line 1: not a prediction with instance_id and model_patch"),
+        ([], None, "holds no predictions"),
+        (
+            [{"instance_id": "pypi__mini-1.0__add", "model_patch": ""}],
+            "/nonexistent/r.json",
+            "the directory /nonexistent does not exist",
+        ),
+        (
+            [{"instance_id": "pypi__mini-1.0__add", "model_patch": ""}],
+            "{folder}",
+            "--report {folder} is a directory",
+        ),
+    ],
+)
+def test_swe_grade_rejects_bad_input_before_any_sandbox_starts(
+    dataset, capsys, monkeypatch, predictions, report, message
+):
+    from agentrl.cli import main
+
+    async def no_grading(self, patch, fresh=None, row=None):
+        raise AssertionError("grading started")
+
+    monkeypatch.setattr(SweEnv, "grade_patch", no_grading)
+    folder, sha = dataset
+    rows = write_rows(folder, [row(sha)])
+    path = folder / ("missing.jsonl" if predictions is None else "preds.jsonl")
+    if predictions == "DIR":
+        path.mkdir()
+    elif predictions is not None:
+        path.write_text("".join(json.dumps(p) + "\n" for p in predictions))
+    argv = ["swe", "grade", str(rows), "--predictions", str(path), "--sandbox", "local"]
+    if report:
+        argv += ["--report", report.format(folder=folder)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message.format(folder=folder) in err and "Traceback" not in err
+
+
+def test_swe_grade_reads_a_json_list_of_predictions(dataset):
+    from agentrl.envs.swe.cli import read_predictions
+
+    folder, sha = dataset
+    rows = {r.instance_id: r for r in load_rows(write_rows(folder, [row(sha)]))}
+    path = folder / "preds.json"
+    path.write_text(json.dumps([{"instance_id": "pypi__mini-1.0__add", "model_patch": None}]))
+    assert read_predictions(str(path), rows, "tasks.jsonl") == [(rows["pypi__mini-1.0__add"], "")]
+    path.write_text(json.dumps([{"instance_id": "pypi__mini-1.0__add", "model_patch": 5}]))
+    with pytest.raises(ValueError, match="item 0 .*'model_patch' must be a string"):
+        read_predictions(str(path), rows, "tasks.jsonl")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "T", "--sample", "-1"],
+        ["validate", "T", "--concurrency", "0"],
+        ["grade", "T", "--predictions", "P", "--concurrency", "0"],
+    ],
+)
+def test_swe_counts_below_their_minimum_are_usage_errors(capsys, argv):
+    from agentrl.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["swe", *argv])
+    assert stopped.value.code == 2 and "pass " in capsys.readouterr().err

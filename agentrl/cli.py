@@ -242,32 +242,56 @@ def _envs_list(args: argparse.Namespace) -> int:
 
 
 def _envs_check(args: argparse.Namespace) -> int:
-    from agentrl.env import EnvCheckError, check_env_async, make
+    import inspect
 
-    overrides = {"sandbox": args.sandbox} if args.sandbox else {}
+    import yaml
+
+    from agentrl.config import ConfigError, env_factory_params, make_env
+    from agentrl.env import EnvCheckError, check_env_async, first_task
+    from agentrl.sandbox import NoSandboxError, SandboxError
+
+    example = "--args '{data_path: tasks.jsonl}'"
     try:
-        env = make(args.id, **overrides)
-    except KeyError as e:
-        return _error(e.args[0])
+        env_args = yaml.safe_load(args.env_args) if args.env_args else {}
+    except yaml.YAMLError as e:
+        return _error(f"--args {args.env_args!r} is not YAML ({getattr(e, 'problem', e)}); e.g. {example}")
+    if not isinstance(env_args, dict):
+        return _error(f"--args {args.env_args!r} must be a mapping of the env's arguments, e.g. {example}")
+    if "sandbox" in env_args:
+        return _error(f"--args sandbox={env_args['sandbox']!r}: give the sandbox with --sandbox instead")
     try:
-        task = env.tasks("train")[0]
-    except (AttributeError, KeyError, IndexError, ValueError) as e:
-        return _error(
-            f"{args.id}: cannot draw a task from env.tasks('train') ({e!r}); it must return its tasks"
-        )
+        takes = env_factory_params(args.id)
+        if args.sandbox and "sandbox" in takes:  # as train and rollout: only to a factory that takes it
+            env_args["sandbox"] = args.sandbox
+        keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        missing = [
+            n for n, p in takes.items() if p.kind in keyword and p.default is p.empty and n not in env_args
+        ]
+        if missing and all(k in takes for k in env_args):  # an unknown one: make_env names it
+            return _error(
+                f"environment {args.id} needs the argument{'s' * (len(missing) > 1)} "
+                f"{', '.join(missing)} (its env.args): give {'them' if len(missing) > 1 else 'it'} "
+                f"with --args '{{{missing[0]}: ...}}'"
+            )
+        env = make_env(args.id, env_args, "--args")
+    except ConfigError as e:
+        return _error(e)
     try:
+        task = first_task(env)
         passed = _run(check_env_async(env, task))
-        passed += _run(_episode_checks(args.id, overrides, env, task))
+        passed += _run(_episode_checks(args.id, env_args, env, task))
     except EnvCheckError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
+    except (SandboxError, NoSandboxError) as e:  # this machine's sandbox backend, not the env
+        return _error(e)
     for line in passed:
         print(f"ok  {line}")
     print(f"{args.id}: all checks passed")
     return 0
 
 
-async def _episode_checks(env_id: str, overrides: dict, probe, task) -> list[str]:
+async def _episode_checks(env_id: str, env_args: dict, probe, task) -> list[str]:
     from agentrl.env import make
     from agentrl.models import env_corpus, tiny_tokenizer
     from agentrl.rollout.agent_loop import LoopConfig
@@ -275,7 +299,7 @@ async def _episode_checks(env_id: str, overrides: dict, probe, task) -> list[str
 
     tokenizer = tiny_tokenizer(corpus=env_corpus(probe))
     loop = LoopConfig(max_turns=getattr(probe, "max_turns", 8), max_new_tokens=1024, max_context=16384)
-    return await check_demonstration(lambda: make(env_id, **overrides), task, tokenizer, loop)
+    return await check_demonstration(lambda: make(env_id, **env_args), task, tokenizer, loop)
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -542,6 +566,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = envs_commands.add_parser("check", help="run the conformance checker on an environment")
     check.add_argument("id", help="environment id, e.g. bugfix-v0")
     check.add_argument("--sandbox", choices=["docker", "local"], default=None, help="sandbox backend to use")
+    check.add_argument(
+        "--args",
+        dest="env_args",
+        metavar="YAML",
+        help="the environment's arguments (env.args in a recipe), a YAML mapping: --args '{data_path: x}'",
+    )
     check.set_defaults(func=_envs_check)
 
     rollout = commands.add_parser("rollout", help="collect trajectories into a store, without training")

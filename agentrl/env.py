@@ -9,7 +9,7 @@
 
 Register an environment with ``register("name-v0", entry_point="pkg.module:Class", **defaults)``, or
 from another package through the entry-point group ``agentrl.envs`` (each entry point is a
-module or a callable that calls ``register``).
+module or a function that calls ``register``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload, runtime_checkable
 
+from agentrl.sandbox import NoSandboxError, SandboxError
 from agentrl.tools import ToolCall, spec_problems
 
 ENTRY_POINT_GROUP = "agentrl.envs"
@@ -149,10 +150,12 @@ class EnvSpec:
 _REGISTRY: dict[str, EnvSpec] = {}
 _plugins_loaded = False
 _plugin_failures: list[str] = []  # "name (module:attr): error" of each entry point that did not load
+_registrations = 0  # calls of register(), to tell an entry point that registered nothing
 
 
 def register(id: str, entry_point: str, **defaults: Any) -> None:
     """Register ``entry_point`` ("module:Class") under a versioned id ("name-v0") with default kwargs."""
+    global _registrations
     if not _ID.match(id):
         raise ValueError(f"environment id {id!r} must be versioned like 'name-v0'")
     if ":" not in entry_point:
@@ -165,6 +168,7 @@ def register(id: str, entry_point: str, **defaults: Any) -> None:
     elif id in _REGISTRY and _REGISTRY[id].defaults != defaults:
         warnings.warn(f"environment {id!r} re-registered with other defaults: {defaults}", stacklevel=2)
     _REGISTRY[id] = EnvSpec(id, entry_point, dict(defaults))
+    _registrations += 1
 
 
 def _load_plugins() -> None:
@@ -175,13 +179,31 @@ def _load_plugins() -> None:
     importlib.import_module("agentrl.envs")  # the built-in environments register themselves
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
-            loaded = ep.load()
-            if callable(loaded):
-                loaded()
+            problem = _load_plugin(ep)
         except Exception as e:  # one broken plugin must not hide the others, nor the built-in envs
-            failure = f"{ep.name} ({ep.value}): {type(e).__name__}: {e}"
+            problem = f"{type(e).__name__}: {e}"
+        if problem:
+            failure = f"{ep.name} ({ep.value}): {problem}"
             _plugin_failures.append(failure)
             warnings.warn(f"could not load environment plugin {failure}", stacklevel=2)
+
+
+def _load_plugin(ep: importlib.metadata.EntryPoint) -> str | None:
+    """Load one entry point of ``agentrl.envs``: a module (that registers on import) or a function
+    that calls ``register``. Returns what is wrong with it, or None."""
+    loaded = ep.load()
+    if isinstance(loaded, type):  # calling it would build an environment, not register one
+        name = ep.name if _ID.match(ep.name) else "name-v0"
+        return (
+            f"it names the class {loaded.__name__}; an {ENTRY_POINT_GROUP} entry point is a module or "
+            f"a function that calls register(), e.g. register({name!r}, entry_point={ep.value!r})"
+        )
+    if callable(loaded):
+        before = _registrations
+        loaded()
+        if _registrations == before:
+            return "calling it registered no environment; it must call agentrl.env.register(...)"
+    return None
 
 
 def list_envs() -> list[str]:
@@ -243,20 +265,59 @@ def _check_messages(messages: Any, where: str) -> None:
         ) from e
 
 
-async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
-    """Run the conformance checks on ``env`` with ``task``; returns what passed, raises ``EnvCheckError``.
-
-    The env must allow ``reset`` again after steps (each reset starts a new episode).
-    """
-    passed = []
+def _check_members(env: Any) -> None:
     if not isinstance(env, AgentEnv):
         missing = [m for m in ("tasks", "reset", "step", "close") if not callable(getattr(env, m, None))]
         raise EnvCheckError(
             f"{type(env).__name__} lacks {', '.join(missing)}: the AgentEnv protocol needs tasks(split), "
             "reset(task), step(tool_calls) and close()"
         )
+
+
+def first_task(env: AgentEnv, split: str = "train") -> Task:
+    """The first task of ``split``, checking that ``tasks(split)`` is a non-empty sequence of
+    ``Task``; ``EnvCheckError`` naming what it returned otherwise."""
+    _check_members(env)
     try:
-        obs = await env.reset(task)
+        tasks = env.tasks(split)
+    except Exception as e:
+        raise EnvCheckError(
+            f"tasks({split!r}) raised {type(e).__name__}: {e}; it must return the split's tasks"
+        ) from e
+    try:
+        size = len(tasks)
+        task = tasks[0] if size else None
+    except Exception as e:
+        raise EnvCheckError(
+            f"tasks({split!r}) must return a Sequence of Task (a list, or a TaskList) with a length "
+            f"and indexing; got {type(tasks).__name__} ({type(e).__name__}: {e})"
+        ) from e
+    if not size:
+        raise EnvCheckError(f"tasks({split!r}) is empty; the checker runs its first task")
+    if not isinstance(task, Task):
+        raise EnvCheckError(
+            f"tasks({split!r})[0] must be a Task(id, data); got {type(task).__name__}: {str(task)[:120]}"
+        )
+    return task
+
+
+async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
+    """Run the conformance checks on ``env`` with ``task``; returns what passed, raises ``EnvCheckError``.
+
+    The env must allow ``reset`` again after steps (each reset starts a new episode).
+    """
+    passed = []
+    _check_members(env)
+    try:
+        try:
+            obs = await env.reset(task)
+        except (SandboxError, NoSandboxError):
+            raise  # this machine's sandbox backend, not the env: its message says what to do
+        except Exception as e:
+            raise EnvCheckError(
+                f"reset(task) raised {type(e).__name__}: {e} (task {task.id}); reset must start an "
+                "episode of any task that tasks() returns"
+            ) from e
         if not isinstance(obs, Observation):
             raise EnvCheckError(
                 f"reset must return an Observation(messages, tools); got {type(obs).__name__}"

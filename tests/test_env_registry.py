@@ -143,3 +143,43 @@ def test_envs_check_plays_the_demonstration_and_an_idle_agent(capsys):
     out = capsys.readouterr().out
     assert "ok  the demonstration earns its reward (1) through the agent loop" in out
     assert "ok  an agent that does nothing does not succeed" in out
+
+
+def test_an_entry_point_that_registers_nothing_is_named(tmp_path, monkeypatch):
+    # Two mistakes of a plugin author: an entry point at the env class, and a function that forgets
+    # to call register(). Each is named (a warning, and in the message of an unknown id), and the
+    # class is never instantiated.
+    (tmp_path / "mistaken.py").write_text(
+        textwrap.dedent(
+            """
+            made = []
+
+            class ClassEnv:
+                def __init__(self):
+                    made.append(self)
+
+            def forgets():
+                pass
+            """
+        )
+    )
+    points = "[agentrl.envs]\nclass-v0 = mistaken:ClassEnv\nforgot = mistaken:forgets\n"
+    fake_distribution(tmp_path, "mistaken", points)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(env_module, "_plugins_loaded", False)
+    monkeypatch.setattr(env_module, "_plugin_failures", [])
+    with pytest.warns(UserWarning) as warned:
+        assert "class-v0" not in list_envs()
+    assert [str(w.message) for w in warned] == [
+        "could not load environment plugin class-v0 (mistaken:ClassEnv): it names the class ClassEnv; "
+        "an agentrl.envs entry point is a module or a function that calls register(), "
+        "e.g. register('class-v0', entry_point='mistaken:ClassEnv')",
+        "could not load environment plugin forgot (mistaken:forgets): calling it registered no "
+        "environment; it must call agentrl.env.register(...)",
+    ]
+    with pytest.raises(
+        KeyError, match=r"Plugins that failed to load: class-v0 \(mistaken:ClassEnv\): it names"
+    ):
+        make("class-v0")
+    assert sys.modules["mistaken"].made == []
+    sys.modules.pop("mistaken", None)

@@ -126,7 +126,7 @@ async def check_demonstration(make_env, task: Task, tokenizer, loop: LoopConfig)
     assistant does nothing earns no success (a grader that passes untouched work teaches nothing).
     Returns what passed; ``EnvCheckError`` names what did not."""
     from agentrl.env import EnvCheckError
-    from agentrl.trajectory import succeeded
+    from agentrl.trajectory import NOT_TRAINABLE, succeeded
 
     passed = []
     env = make_env()
@@ -134,15 +134,23 @@ async def check_demonstration(make_env, task: Task, tokenizer, loop: LoopConfig)
     if demo is not None:
         played = await play_demonstration(env, tokenizer, task, demo, loop)
         if played.status != "completed" or played.reward != demo.reward:
+            why = played.extra.get("error", "no error recorded")
+            if played.status == "truncated_context":
+                why = f"it outgrew the check's {loop.max_context}-token context"
             raise EnvCheckError(
                 f"the demonstration of task {task.id} ended {played.status} with reward {played.reward}, "
-                f"but means to earn {demo.reward} ({played.extra.get('error', 'no error recorded')}); "
-                "fix demonstration() or the grading"
+                f"but means to earn {demo.reward} ({why}); fix demonstration() or the grading"
             )
         passed.append(f"the demonstration earns its reward ({demo.reward:g}) through the agent loop")
     else:
         await env.close()
     idle = await run_episode(make_env(), ScriptedEngine(tokenizer, script=[""]), tokenizer, task, loop)
+    if idle.status in NOT_TRAINABLE:
+        raise EnvCheckError(
+            f"an episode of task {task.id} in which the agent did nothing ended {idle.status} "
+            f"({idle.extra.get('error', 'no error recorded')}): the env must end an episode normally "
+            "whatever the agent does"
+        )
     if succeeded(idle.reward):
         raise EnvCheckError(
             f"an episode of task {task.id} in which the agent did nothing earned reward {idle.reward}: "

@@ -1,0 +1,140 @@
+"""``agentrl envs check`` on the environments a third-party author writes: a factory without a
+``sandbox`` argument, one with required arguments (``--args``), and contract failures that must
+come out as ``FAILED:`` lines, not as crashes."""
+
+import pytest
+
+import agentrl.env as env_module
+from agentrl.cli import main
+from agentrl.env import Observation, StepResult, Task, register
+from agentrl.tools import function_spec
+
+ANSWER = function_spec("answer", "Give your final answer.", {"text": {"type": "string"}}, ["text"])
+
+
+class NoSandboxEnv:
+    """Well-behaved, and its factory takes no argument at all (no ``sandbox``)."""
+
+    def __init__(self):
+        self.word = ""
+
+    def tasks(self, split):
+        return [Task(f"{split}-{i}", {"word": w}) for i, w in enumerate(["agent", "reward"])]
+
+    async def reset(self, task):
+        self.word = task.data["word"]
+        return Observation([{"role": "user", "content": f"Reverse {self.word!r}."}], [ANSWER])
+
+    async def step(self, tool_calls):
+        call = tool_calls[0] if tool_calls else None
+        if call is None or call.error or call.name != "answer" or "text" not in call.arguments:
+            return StepResult([{"role": "tool", "name": "answer", "content": "Call answer(text)."}])
+        reward = float(call.arguments["text"] == self.word[::-1])
+        return StepResult([], reward=reward, done=True, info={"status": "completed"})
+
+    async def close(self):
+        pass
+
+
+MADE = []  # (data_path, sandbox) of each DataEnv
+
+
+class DataEnv(NoSandboxEnv):
+    def __init__(self, data_path, sandbox="docker"):
+        super().__init__()
+        MADE.append((data_path, sandbox))
+
+
+class GeneratorTasksEnv(NoSandboxEnv):
+    def tasks(self, split):
+        return (t for t in super().tasks(split))
+
+
+class RaisingResetEnv(NoSandboxEnv):
+    async def reset(self, task):
+        raise RuntimeError("no data for this task")
+
+
+class OwnStatusEnv(NoSandboxEnv):
+    """Ends every episode at the first step, with an outcome of its own as the status."""
+
+    async def step(self, tool_calls):
+        return StepResult([], reward=0.0, done=True, info={"status": "wrong_answer"})
+
+
+ENVS = {
+    "ownstatus-v0": "OwnStatusEnv",
+    "nosandbox-v0": "NoSandboxEnv",
+    "needsdata-v0": "DataEnv",
+    "gentasks-v0": "GeneratorTasksEnv",
+    "raisingreset-v0": "RaisingResetEnv",
+}
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    for env_id, cls in ENVS.items():
+        register(env_id, entry_point=f"tests.test_envs_check:{cls}")
+    yield
+    for env_id in ENVS:
+        env_module._REGISTRY.pop(env_id, None)
+
+
+def test_sandbox_goes_only_to_a_factory_that_takes_it(capsys):
+    assert main(["envs", "check", "nosandbox-v0", "--sandbox", "local"]) == 0
+    assert "nosandbox-v0: all checks passed" in capsys.readouterr().out
+
+
+def test_args_give_the_env_its_arguments(capsys):
+    assert main(["envs", "check", "needsdata-v0", "--sandbox", "local"]) == 2
+    assert capsys.readouterr().err == (
+        "error: environment needsdata-v0 needs the argument data_path (its env.args): "
+        "give it with --args '{data_path: ...}'\n"
+    )
+    MADE.clear()
+    assert (
+        main(["envs", "check", "needsdata-v0", "--args", "{data_path: t.jsonl}", "--sandbox", "local"]) == 0
+    )
+    assert "needsdata-v0: all checks passed" in capsys.readouterr().out
+    assert MADE and set(MADE) == {("t.jsonl", "local")}
+
+
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        (
+            "{data_pth: x}",
+            "--args.data_pth='x': environment needsdata-v0 takes no argument 'data_pth'. "
+            "Did you mean --args.data_path?",
+        ),
+        ("{data_path: [x", "--args '{data_path: [x' is not YAML"),
+        ("[x]", "--args '[x]' must be a mapping of the env's arguments"),
+        ("{data_path: x, sandbox: docker}", "--args sandbox='docker': give the sandbox with --sandbox"),
+    ],
+)
+def test_bad_args_are_named(given, message, capsys):
+    assert main(["envs", "check", "needsdata-v0", "--args", given]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "env_id,message",
+    [
+        (
+            "gentasks-v0",
+            "FAILED: tasks('train') must return a Sequence of Task (a list, or a TaskList) "
+            "with a length and indexing; got generator",
+        ),
+        ("raisingreset-v0", "FAILED: reset(task) raised RuntimeError: no data for this task (task train-0)"),
+        (
+            "ownstatus-v0",
+            "FAILED: an episode of task train-0 in which the agent did nothing ended env_error "
+            "(ValueError: step() ended the episode with info['status'] = 'wrong_answer'",
+        ),
+    ],
+)
+def test_contract_failures_are_failed_lines(env_id, message, capsys):
+    assert main(["envs", "check", env_id]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.splitlines()) == 1

@@ -155,7 +155,8 @@ def _quickstart(args: argparse.Namespace) -> int:
         if sandbox == "local"
         else "bubblewrap cannot run here, and a Docker engine with the base image answers"
     )
-    overrides = [f"sandbox.kind={sandbox}", f"run.seed={args.seed}", *args.overrides]
+    # each quickstart replaces the last one's runs/quickstart (run.name=NAME keeps a run apart)
+    overrides = [f"sandbox.kind={sandbox}", f"run.seed={args.seed}", "run.overwrite=true", *args.overrides]
     if args.iterations is not None:
         overrides.append(f"run.iterations={args.iterations}")
     print(
@@ -520,7 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    quick = commands.add_parser("quickstart", help="run the main job on this machine")
+    quick = commands.add_parser(
+        "quickstart", help="run the main job on this machine (it replaces the last one's runs/quickstart)"
+    )
     quick.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: the recipe's)")
     quick.add_argument("--seed", type=int, default=0)
     quick.add_argument("overrides", nargs="*", help="key.sub=value overrides of recipes/quickstart.yaml")

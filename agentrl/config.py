@@ -47,6 +47,10 @@ class RunConfig(Section):
     """PPO iterations (collect, then update)."""
     resume: bool = False
     """Continue from the last complete checkpoint of this run."""
+    overwrite: bool = False
+    """Start afresh in a run directory that holds a training run, deleting that run's outputs
+    (metrics, checkpoints, episodes, warm start, summary). Without it (and without ``resume``), a
+    run that finds another in its directory stops rather than mix with it."""
     checkpoint_every: int = Field(1, ge=1)
     """Save a checkpoint every N iterations (and after the last)."""
     keep_checkpoints: int = Field(2, ge=1)
@@ -470,6 +474,11 @@ class TrainConfig(Section):
         if self.algo.estimator in ("grpo", "rloo") and self.rollout.n_samples < 2:
             raise ValueError(
                 f"estimator {self.algo.estimator} needs rollout.n_samples >= 2 (a group baseline)"
+            )
+        if self.run.resume and self.run.overwrite:
+            raise ValueError(
+                "run.resume=true continues the run in the directory and run.overwrite=true deletes it: "
+                "set one of them"
             )
         if not self.algo.critic and self.algo.critic_warmup:
             raise ValueError(

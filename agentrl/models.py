@@ -13,7 +13,46 @@ from __future__ import annotations
 
 import functools
 import json
+import pickle
+import re
 from pathlib import Path
+
+LOAD_ERRORS = (
+    OSError,
+    RuntimeError,
+    KeyError,
+    EOFError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    pickle.UnpicklingError,
+)
+"""What reading saved weights into a model raises for a file that is not such weights, or whose
+weights do not fit the model."""
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) from "
+    r"checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)"
+)
+
+
+def load_error(e: BaseException) -> str:
+    """One short line for why saved weights did not load: weights of other shapes than the model's
+    (the first mismatch and how many), or a file that is not PyTorch weights."""
+    text = " ".join(str(e).split())
+    mismatches = _SIZE_MISMATCH.findall(text)
+    if mismatches:
+        name, saved, here = mismatches[0]
+        more = f" (and {len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
+        return (
+            f"its weights have other shapes than the model's: {name} is [{saved}] there and [{here}] "
+            f"here{more}; the model settings (model.name, model.tiny_hidden, model.tiny_layers) must "
+            "be those it was saved with"
+        )
+    if isinstance(e, pickle.UnpicklingError | EOFError) or "weights_only" in text:
+        return f"it is not a file of PyTorch weights, or it is cut short ({type(e).__name__})"
+    return f"{type(e).__name__}: {text[:300] or '(no message)'}"
+
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Tool calls are ordinary text, so that a model writes them token by token like any other.

@@ -25,6 +25,7 @@ def run(seed: int, estimator: str, extra: list[str]) -> dict:
         f"run.seed={seed}",
         f"run.name=learning-{estimator}-s{seed}",
         f"algo.estimator={estimator}",
+        "run.overwrite=true",
         *extra,
     ]
     return train(load_config(TrainConfig, "recipes/quickstart.yaml", overrides))

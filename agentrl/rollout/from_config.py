@@ -109,7 +109,7 @@ def load_policy(cfg: TrainConfig, env: AgentEnv | None = None):
     """``(policy, tokenizer)`` of ``model.name`` (the tiny model's tokenizer trained on ``env``'s
     corpus), with ``model.init``'s weights when set, on ``run.device``."""
     from agentrl.device import resolve_device
-    from agentrl.models import env_corpus, load_model, tiny_chat_model
+    from agentrl.models import LOAD_ERRORS, env_corpus, load_error, load_model, tiny_chat_model
 
     device = resolve_device(cfg.run.device)  # cuda where there is none stops here, before loading
 
@@ -133,9 +133,9 @@ def load_policy(cfg: TrainConfig, env: AgentEnv | None = None):
             else:
                 state = torch.load(cfg.model.init, map_location="cpu", weights_only=True)
             policy.load_state_dict(state)
-        except (OSError, RuntimeError, KeyError) as e:
+        except LOAD_ERRORS as e:
             raise ConfigError(
-                f"model.init: cannot load {cfg.model.init} into the {cfg.model.name} model: {e!r}"
+                f"model.init: cannot load {cfg.model.init} into the {cfg.model.name} model: {load_error(e)}"
             ) from None
     return policy.to(device), tokenizer
 

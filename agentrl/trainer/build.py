@@ -4,13 +4,17 @@ checkpoints and the data cursor; resuming from the last checkpoint."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentrl.config import ConfigError, TrainConfig, writable_dir
 from agentrl.env import AgentEnv, Task
+from agentrl.models import LOAD_ERRORS, load_error
 from agentrl.registry import BACKENDS, ENGINES
 from agentrl.rollout.engine import Engine
 from agentrl.rollout.from_config import (
@@ -91,9 +95,15 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
             f"sft.episodes={cfg.sft.episodes}: environment {cfg.env.id} has no demonstration(task) to "
             "warm-start from; set sft.episodes=0, or warm-start from stored trajectories (sft.from_store=PATH)"
         )
+    if cfg.sft.from_store and not Path(cfg.sft.from_store).is_dir():
+        raise ConfigError(
+            f"sft.from_store={cfg.sft.from_store} is not a directory; pass a trajectory store's "
+            "(e.g. runs/NAME/trajectories, where agentrl rollout and agentrl train write theirs)"
+        )
     run_dir = writable_dir(cfg.run_dir, "run.output_dir")
+    if int(os.environ.get("RANK", "0")) == 0:  # torchrun's other ranks write nothing here
+        claim(run_dir, cfg)
     seed_everything(cfg.run.seed)
-    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     policy, tokenizer = load_policy(cfg, probe)
     backend = BACKENDS.factory(cfg.trainer.backend)(policy, cfg)
     if getattr(backend, "driven", False) and backend.rank != 0:
@@ -139,16 +149,89 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
     if cfg.run.resume and latest is None:
         log(f"resume=true but {checkpoints.dir} holds no complete checkpoint: starting from scratch")
     if latest is not None:
-        saved = checkpoints.load(latest, backend)
+        try:
+            saved = checkpoints.load(latest, backend)
+        except LOAD_ERRORS as e:
+            raise ConfigError(
+                f"run.resume: cannot load checkpoint {latest}: {load_error(e)}; if the run's settings "
+                f"changed since it was saved, resume with those in {run_dir / 'config.json'}; if the "
+                f"checkpoint is damaged, delete {latest} to resume from the one before it"
+            ) from None
         run.start = saved["iteration"]
         cursor.restore(saved["cursor"])
         run.state = saved.get("state", {})
         metrics.truncate_after(run.start - 1)
         await engine.update_weights(backend.engine_state_dict())
         log(f"resumed from {latest} at iteration {run.start}")
-    elif not cfg.run.resume:
+    else:
         metrics.truncate_after(-1)
+    # written once the run has started (a run that stopped above leaves the directory's as it was)
+    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     return run
+
+
+RUN_OUTPUTS = (
+    "metrics.jsonl",
+    "summary.json",
+    "curve.png",
+    "warm_start.pt",
+    "config.json",
+    "checkpoints",
+    "trajectories",
+    "token_stats",
+    "tensorboard",
+    "wandb",
+    "report",
+    "tokenizer",
+    "engine_weights",
+    "engine_logs",
+)
+"""What a training run writes in its directory (``run.overwrite`` deletes these, and nothing else)."""
+
+
+def previous_run(run_dir: Path) -> str | None:
+    """What of an earlier training run ``run_dir`` holds (its metrics, checkpoints, warm start), or
+    None. Episodes alone (``agentrl rollout`` into the run's store) are not a training run."""
+    found = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size:
+        with open(metrics, "rb") as f:
+            found.append(f"{sum(1 for line in f if line.strip())} iterations of metrics")
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("iter-*") if not p.name.endswith(".tmp"))
+    if saved:
+        found.append(f"checkpoint {saved[-1]}")
+    found += [
+        what
+        for name, what in (("warm_start.pt", "a warm start"), ("summary.json", "a summary"))
+        if (run_dir / name).exists()
+    ]
+    return ", ".join(found) or None
+
+
+def claim(run_dir: Path, cfg: TrainConfig) -> None:
+    """Make ``run_dir`` this run's: continue the run in it (``run.resume``), replace it
+    (``run.overwrite``), or stop when it holds another run, rather than mix two runs' metrics,
+    checkpoints and episodes."""
+    previous = previous_run(run_dir)
+    if previous is None or cfg.run.resume:
+        return
+    if not cfg.run.overwrite:
+        raise ConfigError(
+            f"{run_dir} holds a training run ({previous}): set run.resume=true to continue it, "
+            "run.overwrite=true to replace it, or another run.name"
+        )
+    source = Path(cfg.sft.from_store).resolve() if cfg.sft.from_store else None
+    if source is not None and source.is_relative_to(run_dir.resolve()):
+        raise ConfigError(
+            f"run.overwrite=true would delete sft.from_store={cfg.sft.from_store}, which is inside "
+            f"{run_dir}: copy the store elsewhere first, or choose another run.name"
+        )
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
 
 
 def rollout_seed(cfg: TrainConfig, iteration: int) -> int:

@@ -8,6 +8,8 @@
   kernels). ``packing="padded"`` (the default, for CPU and SDPA, whose cost with a dense mask grows
   with the square of the pack length) groups rows of similar length, each group padded only to
   its own longest row, under the same budget counting padding, and needs no mask (right padding).
+- Dropout is off: the models stay in eval mode, so that the recomputed log-probs and the first
+  update's are of the same function (a ratio of 1 before any step).
 - Log-probs come from ``token_logprobs`` (chunked over the vocabulary: the ``[tokens, vocab]``
   logits are never held whole).
 - Gradient accumulation over micro-batches scales each one by its share of the minibatch's
@@ -249,14 +251,16 @@ class TorchBackend:
         attention: str = "auto",
         seed: int = 0,
     ):
-        self.policy = policy.train()
+        # Dropout stays off (eval mode throughout): PPO's ratio compares two passes of the same
+        # weights, which dropout would make differ at random (the Megatron backend sets it to 0).
+        self.policy = policy.eval()
         self.device = next(policy.parameters()).device
         # Packed rows need an attention that keeps each row to itself; set before the critic and
         # the reference are copied from the policy, so that they use it too.
         self.attention = resolve_attention(attention, self.device, dtype) if packing == "packed" else "dense"
         if packing == "packed" and hasattr(policy, "set_attn_implementation"):
             policy.set_attn_implementation(_ATTN_IMPLEMENTATION[self.attention])
-        self.critic = ValueModel(policy).to(self.device).train() if critic else None
+        self.critic = ValueModel(policy).to(self.device).eval() if critic else None
         self.reference = _frozen_copy(policy) if reference else None
         self.epochs, self.minibatches = epochs, minibatches
         self.critic_epochs = critic_epochs or epochs
@@ -290,7 +294,7 @@ class TorchBackend:
         """A fresh value model (and optimizer) from the policy as it is now: after a supervised warm
         start, the critic starts from the backbone that learned the task's format, not the one before."""
         if self.critic is not None:
-            self.critic = ValueModel(self.policy).to(self.device).train()
+            self.critic = ValueModel(self.policy).to(self.device).eval()
             self._critic_optimizer()
 
     def reset_reference(self) -> None:

@@ -141,6 +141,22 @@ def test_a_batch_with_nothing_to_learn_from_stops_the_run_with_the_reason(tmp_pa
     assert "iteration 0: none of its 64 episodes" in err and "fill rollout.max_context=64 tokens" in err
 
 
+def test_dropout_is_off_so_the_first_update_starts_at_ratio_one():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    config = Qwen2Config(**shape, num_key_value_heads=2, vocab_size=700, attention_dropout=0.5)
+    backend = TorchBackend(Qwen2ForCausalLM(config), micro_token_budget=10_000)
+    batch = synthetic_batch()
+    batch.old_logprobs = backend.logprobs(batch)
+    assert torch.equal(backend.logprobs(batch), batch.old_logprobs)
+    assert torch.equal(backend.values(batch), backend.values(batch))
+    batch.advantages = torch.where(batch.loss_mask, 1.0, 0.0)
+    out = backend.train_actor(batch, LossConfig())
+    assert out["actor/ratio_min"] == out["actor/ratio_max"] == 1.0 and out["actor/clip_frac"] == 0.0
+
+
 def test_rows_without_a_trainable_token_are_not_run_through_the_model():
     model, _ = tiny_chat_model(seed=3)
     backend = TorchBackend(model, micro_token_budget=10_000)

@@ -28,7 +28,10 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     # Each field's docstring is its description: `agentrl config RECIPE` prints it, and a test
     # fails when a field has none.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # (inf and NaN are no setting's value: a number that is not finite is refused where it is read)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 def _registered(value: str, registry: Any) -> str:
@@ -58,6 +61,17 @@ class RunConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the policy, critic and embedded engine run: ``cuda`` (a GPU; an error where there is
     none), ``cpu``, or ``auto`` (CUDA when there is one)."""
+
+    @field_validator("name")
+    @classmethod
+    def _inside_output_dir(cls, name: str) -> str:
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or any(p in (".", "..") for p in parts):
+            raise ValueError(
+                f"must name a directory inside run.output_dir, with no '..' or '.' and not absolute "
+                f"(got {name!r}): the run writes, and run.overwrite deletes, its outputs there"
+            )
+        return name
 
 
 class EnvConfig(Section):
@@ -318,7 +332,7 @@ class AlgoConfig(Section):
     """GAE lambda."""
     policy_loss: Literal["ppo", "gspo", "gmpo", "sapo"] = "ppo"
     """Policy loss: token-level clipped ``ppo``, sequence-level ``gspo``, geometric-mean ``gmpo``, soft-gated ``sapo``."""
-    clip_low: float = Field(0.2, ge=0)
+    clip_low: float = Field(0.2, ge=0, lt=1)
     """Lower clip range of the ratio (1 - clip_low)."""
     clip_high: float = Field(0.28, ge=0)
     """Upper clip range of the ratio (1 + clip_high; clip-higher)."""

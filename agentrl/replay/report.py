@@ -252,7 +252,8 @@ def write(run: str | Path, out: str | Path | None = None) -> Path:
             f"cannot write the report to {out}: {e.strerror or e}; give --out a writable directory"
         ) from None
     s, records = data.summary, data.records
-    before, after = s.get("eval_before", float("nan")), s.get("eval_after", float("nan"))
+    # null in summary.json: not measured (no held-out task)
+    before, after = (float("nan") if s.get(k) is None else s[k] for k in ("eval_before", "eval_after"))
     if not s:  # the run goes on: the last evaluation so far stands for "after"
         evals = [r["eval_success"] for r in records if "eval_success" in r]
         after = evals[-1] if evals else float("nan")

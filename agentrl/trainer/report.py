@@ -50,7 +50,9 @@ async def finish(run: Run) -> dict[str, Any]:
             summary[f"eval_before_{name}"] = evals_before.get(key, float("nan"))
             summary[f"eval_after_{name}"] = evals_after[key]
     summary["seconds"] = time.monotonic() - run.started_at
-    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    # JSON has no NaN (no held-out task, or none measured before a resume): null in the file
+    nulls = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()}
+    (cfg.run_dir / "summary.json").write_text(json.dumps(nulls, indent=2, allow_nan=False))
     curve = plot_curve(
         run.metrics.read(), cfg.run_dir / "curve.png", before, after, n_eval=len(run.splits.held_out)
     )

@@ -44,8 +44,12 @@ def test_a_new_run_stops_where_another_is_unless_told_to_resume_or_replace_it(tm
     assert "set one of them" in capsys.readouterr().err
     # replaced: the earlier run's checkpoints, metrics and episodes are gone, not mixed in
     episodes = len(list((run / "trajectories").rglob("*.jsonl*")))
-    assert train(tmp_path, "run.iterations=1", "run.overwrite=true", "model.tiny_hidden=32") == 0
+    overwrite = ["run.iterations=1", "run.overwrite=true", "model.tiny_hidden=32", "env.eval_tasks=0"]
+    assert train(tmp_path, *overwrite) == 0
     assert iterations(run) == [0]
+    # no held-out task: nothing measured, null in a file that stays JSON (which has no NaN)
+    text = (run / "summary.json").read_text()
+    assert "NaN" not in text and json.loads(text)["eval_before"] is None
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter-000001"]
     assert json.loads((run / "config.json").read_text())["model"]["tiny_hidden"] == 32
     assert episodes > 0 and len(list((run / "trajectories").rglob("*.jsonl*"))) <= episodes

@@ -707,6 +707,15 @@ def test_bad_train_config_names_the_key(capsys):
     assert "algo.critic_warmup=1 trains only the critic" in err and "set algo.critic_warmup=0" in err
     assert main(["train", recipe, "algo.policy_loss=gmpo"]) == 2
     assert "use estimator grpo or rloo with gmpo" in capsys.readouterr().err
+    # numbers that are not finite, a ratio band below 0, a run outside its output directory
+    for bad, message in [
+        ("optim.actor_lr=.inf", "'optim.actor_lr': Input should be a finite number (got inf)"),
+        ("algo.clip_low=5", "'algo.clip_low': Input should be less than 1 (got 5)"),
+        ("run.name=..", "'run.name': must name a directory inside run.output_dir"),
+        ("run.name=/tmp/x", "'run.name': must name a directory inside run.output_dir"),
+    ]:
+        assert main(["train", recipe, bad]) == 2
+        assert message in capsys.readouterr().err, bad
 
 
 def test_rollout_sampling_settings_reach_the_agent_loop_and_evaluation_is_greedy():
@@ -806,4 +815,7 @@ def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys)
     assert main([*args, f"sft.from_store={tmp_path / 'store'}", "sft.epochs=1"]) == 0
     assert "warm start: 2 stored successes from" in capsys.readouterr().out
     assert main([*args, f"sft.from_store={tmp_path / 'nothing'}"]) == 2
+    assert f"sft.from_store={tmp_path / 'nothing'} is not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([*args, "run.overwrite=true", f"sft.from_store={tmp_path / 'empty'}"]) == 2
     assert "holds no completed, successful episode to imitate" in capsys.readouterr().err

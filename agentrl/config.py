@@ -404,7 +404,8 @@ class OptimConfig(Section):
 class SFTConfig(Section):
     episodes: int = Field(0, ge=0)
     """Demonstration episodes (the environment's ``demonstration(task)``, played through the real
-    loop on training tasks past the first ``env.train_tasks``) for a supervised warm start (0: none)."""
+    loop on training tasks past the first ``env.train_tasks``, wrapping round to the split's first
+    tasks, the ones RL draws from, when the split holds no more) for a supervised warm start (0: none)."""
     from_store: str | None = None
     """Also warm-start on the solved episodes of a trajectory store (e.g. one ``agentrl rollout`` wrote
     with the same model); None: none."""

@@ -643,9 +643,28 @@ def load_config(
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        messages = [_closest_key_message(err, model) for err in e.errors()]
-        where = f" in {path}" if path else ""
+        errors = e.errors()
+        messages = [_closest_key_message(err, model) for err in errors]
+        # where the bad values came from: the command line's overrides, when each was set by one
+        given = [_override_of(err["loc"], overrides) for err in errors]
+        items = list(dict.fromkeys(g for g in given if g))
+        named = f"the override{'s' * (len(items) > 1)} {', '.join(items)}"
+        if items and all(given):
+            where = f" ({named})"
+        else:
+            where = (f" in {path}" if path else "") + (f" and {named}" if items else "")
         raise ConfigError(f"invalid config{where}: " + " ".join(messages)) from None
+
+
+def _override_of(loc: tuple, overrides: list[str] | tuple[str, ...]) -> str | None:
+    """The last override that set the key at ``loc`` (or a section above or below it), or None."""
+    key = ".".join(str(p) for p in loc)
+    found = None
+    for item in overrides:
+        name = item.partition("=")[0]
+        if key and (name == key or key.startswith(name + ".") or name.startswith(key + ".")):
+            found = item
+    return found
 
 
 def env_factory_params(env_id: str) -> dict[str, inspect.Parameter]:

@@ -37,7 +37,7 @@ def no_model_loads(monkeypatch):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("rollout.max_turns=abc", "error: invalid config in "),
+        ("rollout.max_turns=abc", "error: invalid config (the override rollout.max_turns=abc): "),
         ("rollout.max_turns=abc", "'rollout.max_turns': Input should be a valid integer"),
         ("rollout.temperature=-1", "'rollout.temperature': Input should be greater than or equal to 0"),
         ("rollout.top_p=1.5", "'rollout.top_p': Input should be less than or equal to 1"),
@@ -156,7 +156,8 @@ def test_the_installed_command_prints_one_line(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
-        f"error: invalid config in {ROLLOUT}: 'rollout.max_turns': Input should be greater than or equal "
+        "error: invalid config (the override rollout.max_turns=0): 'rollout.max_turns': Input should be "
+        "greater than or equal "
         "to 1 (got 0)."
     ]
 
@@ -237,3 +238,15 @@ def test_config_prints_every_field_with_its_value_default_and_description(capsys
     assert out.count(" = ") >= 70
     assert main(["config", QUICKSTART, "optim.actor_lrr=1"]) == 2
     assert "Did you mean 'optim.actor_lr'?" in one_error_line(capsys)
+
+
+def test_a_bad_value_is_placed_in_the_file_or_the_override_that_set_it(tmp_path, capsys):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("optim:\n  actor_lr: -1\n")
+    assert main(["config", str(recipe)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: invalid config in {recipe}: 'optim.actor_lr'")
+    assert main(["config", str(recipe), "optim.actor_lr=2", "algo.clip_low=5"]) == 2
+    assert capsys.readouterr().err.startswith("error: invalid config (the override algo.clip_low=5): ")
+    assert main(["config", str(recipe), "algo.clip_low=5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: invalid config in {recipe} and the override algo.clip_low=5: ")

@@ -158,6 +158,11 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
                 f"checkpoint is damaged, delete {latest} to resume from the one before it"
             ) from None
         run.start = saved["iteration"]
+        if run.start >= cfg.run.iterations:
+            raise ConfigError(
+                f"run.resume: {latest} holds iteration {run.start} of {run_dir.name}, and run.iterations="
+                f"{cfg.run.iterations}: set run.iterations above {run.start} to train it further"
+            )
         cursor.restore(saved["cursor"])
         run.state = saved.get("state", {})
         metrics.truncate_after(run.start - 1)

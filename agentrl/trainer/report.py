@@ -59,8 +59,13 @@ async def finish(run: Run) -> dict[str, Any]:
     run.store.close()
     run.metrics.close()
     await run.engine.close()
+    measured = (
+        f"held-out success {before:.3f} -> {after:.3f}"
+        if run.splits.held_out
+        else "no held-out tasks (env.eval_tasks=0)"
+    )
     run.log(
-        f"{cfg.run.name}: held-out success {before:.3f} -> {after:.3f} over {cfg.run.iterations} iterations "
+        f"{cfg.run.name}: {measured} over {cfg.run.iterations} iterations "
         f"in {summary['seconds']:.0f}s; curve {curve or '(matplotlib not installed)'}"
     )
     return summary

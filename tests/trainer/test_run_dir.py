@@ -50,6 +50,7 @@ def test_a_new_run_stops_where_another_is_unless_told_to_resume_or_replace_it(tm
     # no held-out task: nothing measured, null in a file that stays JSON (which has no NaN)
     text = (run / "summary.json").read_text()
     assert "NaN" not in text and json.loads(text)["eval_before"] is None
+    assert "run: no held-out tasks (env.eval_tasks=0) over 1 iterations" in capsys.readouterr().out
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter-000001"]
     assert json.loads((run / "config.json").read_text())["model"]["tiny_hidden"] == 32
     assert episodes > 0 and len(list((run / "trajectories").rglob("*.jsonl*"))) <= episodes
@@ -58,8 +59,13 @@ def test_a_new_run_stops_where_another_is_unless_told_to_resume_or_replace_it(tm
 def test_weights_that_cannot_be_loaded_stop_with_one_line_naming_them(tmp_path, capsys):
     run = tmp_path / "run"
     assert train(tmp_path, "run.iterations=2") == 0
-    config = (run / "config.json").read_text()
+    config, summary = (run / "config.json").read_text(), (run / "summary.json").read_text()
     capsys.readouterr()
+    # resumed with no iteration left to train: said, and the finished run's summary kept
+    assert train(tmp_path, "run.iterations=2", "run.resume=true") == 2
+    err = capsys.readouterr().err
+    assert "holds iteration 2 of run, and run.iterations=2: set run.iterations above 2" in err
+    assert (run / "summary.json").read_text() == summary and iterations(run) == [0, 1]
     # resumed with other model settings: the shapes and the run's own settings are named
     assert train(tmp_path, "run.iterations=3", "run.resume=true", "model.tiny_hidden=32") == 2
     err = capsys.readouterr().err

@@ -225,12 +225,12 @@ def claim(run_dir: Path, cfg: TrainConfig) -> None:
             f"{run_dir} holds a training run ({previous}): set run.resume=true to continue it, "
             "run.overwrite=true to replace it, or another run.name"
         )
-    source = Path(cfg.sft.from_store).resolve() if cfg.sft.from_store else None
-    if source is not None and source.is_relative_to(run_dir.resolve()):
-        raise ConfigError(
-            f"run.overwrite=true would delete sft.from_store={cfg.sft.from_store}, which is inside "
-            f"{run_dir}: copy the store elsewhere first, or choose another run.name"
-        )
+    for key, value in (("sft.from_store", cfg.sft.from_store), ("model.init", cfg.model.init)):
+        if value and Path(value).resolve().is_relative_to(run_dir.resolve()):
+            raise ConfigError(
+                f"run.overwrite=true would delete {key}={value}, which is inside {run_dir}: copy it "
+                "elsewhere first, or choose another run.name"
+            )
     for name in RUN_OUTPUTS:
         path = run_dir / name
         if path.is_dir() and not path.is_symlink():

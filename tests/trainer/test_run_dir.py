@@ -37,6 +37,9 @@ def test_a_new_run_stops_where_another_is_unless_told_to_resume_or_replace_it(tm
     store = f"sft.from_store={run / 'trajectories'}"
     assert train(tmp_path, "run.iterations=1", "run.overwrite=true", store) == 2
     assert "run.overwrite=true would delete sft.from_store=" in capsys.readouterr().err
+    init = f"model.init={run / 'checkpoints' / 'iter-000002'}"
+    assert train(tmp_path, "run.iterations=1", "run.overwrite=true", init) == 2
+    assert f"run.overwrite=true would delete {init}, which is inside {run}" in capsys.readouterr().err
     assert train(tmp_path, f"sft.from_store={tmp_path / 'nowhere'}") == 2
     assert f"sft.from_store={tmp_path / 'nowhere'} is not a directory" in capsys.readouterr().err
     assert not (tmp_path / "nowhere").exists()

@@ -198,20 +198,21 @@ def _sandbox_gc(args: argparse.Namespace) -> int:
     from agentrl.sandbox import SandboxError
     from agentrl.sandboxes.docker import gc
 
-    removed, failed = [], 0
+    removed, reached, code = [], 0, 0
     for host in args.host or [None]:
         try:
             here = gc(everything=args.all, run=args.run, docker_host=host)
-        except SandboxError as e:
-            print(f"error: {e}", file=sys.stderr)
-            failed += 1
+        except SandboxError as e:  # the daemon cannot be reached: the user starts it or names another
+            code = _error(e)
             continue
+        reached += 1
         where = f" on {host}" if host else ""
         for short_id, reason in here:
             print(f"removed {short_id}{where} ({reason})")
         removed += here
-    print(f"{len(removed)} sandbox container(s) removed")
-    return 1 if failed else 0
+    if reached:
+        print(f"{len(removed)} sandbox container(s) removed")
+    return code
 
 
 def _sandbox_doctor(args: argparse.Namespace) -> int:
@@ -417,6 +418,20 @@ def _replay(args: argparse.Namespace) -> int:
             raise ReplayError(f"--from-turn {args.from_turn} needs --id: which episode to branch?")
         if args.set and args.from_turn is None:
             raise ReplayError(f"--set {args.set[0]} is for --from-turn: the settings of the re-run")
+        actions = [
+            a
+            for a, given in (
+                ("--reexec", args.reexec),
+                (f"--from-turn {args.from_turn}", args.from_turn is not None),
+                (f"--html {args.html}", args.html is not None),
+            )
+            if given
+        ]
+        if len(actions) > 1:
+            raise ReplayError(
+                f"{' and '.join(actions)} cannot be combined: --reexec re-runs the recorded tool calls, "
+                "--from-turn lets the policy generate from a turn, --html writes the page; give one"
+            )
         if args.exact and not args.reexec:
             raise ReplayError("--exact is for --reexec: compare durations that tools print too")
         if args.sandbox is not None and not args.reexec:
@@ -430,7 +445,10 @@ def _replay(args: argparse.Namespace) -> int:
             if args.html is not None:  # transcript and token view, one file with no links out
                 from agentrl.replay.html import write
 
-                write(episode, args.html, store.parent if store.name == "trajectories" else None)
+                for warning in write(
+                    episode, args.html, store.parent if store.name == "trajectories" else None
+                ):
+                    print(f"warning: {warning}", file=sys.stderr)
                 print(f"wrote {args.html}")
                 return 0
             # soft_wrap: long lines stay whole, so a transcript piped to a file or grep reads as printed
@@ -441,15 +459,17 @@ def _replay(args: argparse.Namespace) -> int:
     except OSError as e:  # the --html file cannot be written
         return _error(f"--html {args.html}: {e.strerror or e}")
     shown = [e for e in episodes if keep(e)] if keep else episodes
+    if not shown and damage and not episodes:
+        records = f"{len(damage)} damaged record{'s' if len(damage) != 1 else ''}"
+        return _error(
+            f"{store}: no intact episode ({records}, each named above); restore its shards from a copy, "
+            "or give another store"
+        )
     if not shown:
         if keep:
             why = f"no episode of {len(episodes)} matches --filter {','.join(args.filter)}"
         else:
-            why = (
-                f"no intact episode ({len(damage)} damaged records)"
-                if damage
-                else "the store holds no episodes yet"
-            )
+            why = "the store holds no episodes yet"
         print(f"{store}: {why}", file=sys.stderr)
         return 1
     counts = list_view(sys.stdout, shown)
@@ -500,9 +520,11 @@ def _report(args: argparse.Namespace) -> int:
     from agentrl.replay.report import write
 
     try:
-        page = write(args.run, args.out)
+        page, warnings = write(args.run, args.out)
     except ReplayError as e:
         return _error(e)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {page}")
     return 0
 
@@ -526,7 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     quick.add_argument("--iterations", type=int, default=None, help="PPO iterations (default: the recipe's)")
     quick.add_argument("--seed", type=int, default=0)
-    quick.add_argument("overrides", nargs="*", help="key.sub=value overrides of recipes/quickstart.yaml")
+    quick.add_argument(
+        "overrides", nargs="*", default=[], help="key.sub=value overrides of recipes/quickstart.yaml"
+    )
     quick.set_defaults(func=_quickstart)
 
     sandbox = commands.add_parser("sandbox", help="sandbox images, cleanup and checks")
@@ -580,13 +604,18 @@ def build_parser() -> argparse.ArgumentParser:
     rollout = commands.add_parser("rollout", help="collect trajectories into a store, without training")
     rollout.add_argument("config", help="YAML file (e.g. recipes/rollout_bugfix_tiny.yaml)")
     rollout.add_argument(
-        "overrides", nargs="*", help="key.sub=value overrides (e.g. collect.tasks=32 rollout.max_turns=4)"
+        "overrides",
+        nargs="*",
+        default=[],
+        help="key.sub=value overrides (e.g. collect.tasks=32 rollout.max_turns=4)",
     )
     rollout.set_defaults(func=_rollout)
 
     train = commands.add_parser("train", help="train with PPO (or GRPO, ...) from a recipe")
     train.add_argument("config", help="YAML recipe (e.g. recipes/quickstart.yaml)")
-    train.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. run.resume=true")
+    train.add_argument(
+        "overrides", nargs="*", default=[], help="key.sub=value overrides, e.g. run.resume=true"
+    )
     train.set_defaults(func=_train)
 
     evaluate = commands.add_parser(
@@ -594,7 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("config", help="YAML recipe the weights were trained with")
     evaluate.add_argument(
-        "overrides", nargs="*", help="key.sub=value overrides, e.g. model.init=... metrics.eval_samples=4"
+        "overrides",
+        nargs="*",
+        default=[],
+        help="key.sub=value overrides, e.g. model.init=... metrics.eval_samples=4",
     )
     evaluate.add_argument("--store", default=None, help="keep every episode in a trajectory store here")
     evaluate.set_defaults(func=_eval)
@@ -711,7 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
         "config", help="print a recipe's resolved config: every field, its value, default and description"
     )
     config.add_argument("config", nargs="?", default=None, help="YAML recipe (none: the defaults)")
-    config.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    config.add_argument("overrides", nargs="*", default=[], help="key.sub=value overrides")
     config.add_argument(
         "--markdown", action="store_true", help="the reference of every field (docs/config.md)"
     )

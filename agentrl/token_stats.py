@@ -86,16 +86,25 @@ def _read(path: Path, mtime: float) -> dict[tuple[str, int, int, int], dict[str,
 
 
 def lookup(run_dir: Path, trajectory: Any) -> dict[str, list[float]] | None:
-    """The stats of ``trajectory`` (its iteration in ``extra``), or None when none were recorded."""
+    """The stats of ``trajectory`` (its iteration in ``extra``), or None when none were recorded or
+    its iteration's file cannot be read (``find`` tells the two apart)."""
+    return find(run_dir, trajectory)[0]
+
+
+def find(run_dir: Path, trajectory: Any) -> tuple[dict[str, list[float]] | None, str | None]:
+    """``(stats, damage)``: the stats of ``trajectory`` (None where none were recorded), and a
+    warning naming its iteration's file when that file exists but cannot be read."""
     iteration = trajectory.extra.get("iteration")
     if not isinstance(iteration, int):
-        return None
+        return None, None
     path = path_of(run_dir, iteration)
+    if not path.is_file():
+        return None, None
     try:
         table = _read(path, path.stat().st_mtime)
-    except (OSError, ValueError, KeyError, TypeError):  # none recorded, or a damaged file: no colours
-        return None
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:  # EOFError: a truncated gzip
+        return None, f"{path} cannot be read ({e}); its per-token stats are left out"
     record = table.get(
         (trajectory.task_id, trajectory.sample_index, len(trajectory), crc(trajectory.input_ids))
     )
-    return None if record is None else {k: record[k] for k in FIELDS if k in record}
+    return (None if record is None else {k: record[k] for k in FIELDS if k in record}), None

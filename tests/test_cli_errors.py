@@ -187,7 +187,10 @@ def test_loop_config_checks_each_field(values, message):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["rollout"], "error: the following arguments are required: config"),
+        # overrides are optional: only the config is named
+        (["rollout"], "error: the following arguments are required: config;"),
+        (["train"], "error: the following arguments are required: config;"),
+        (["eval"], "error: the following arguments are required: config;"),
         (["quickstart", "--iterations", "x"], "error: argument --iterations: invalid int value: 'x'"),
         (["bogus"], "error: argument COMMAND: invalid choice: 'bogus'"),
     ],

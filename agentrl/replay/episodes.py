@@ -248,4 +248,8 @@ def parse_filter(text: str) -> Callable[[Episode], bool]:
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ReplayError(f"--filter key {key!r} is unknown{hint}; valid keys: {', '.join(FILTERS)}")
         tests.setdefault(key, []).append(FILTERS[key](value))
+    if not tests:
+        raise ReplayError(
+            f"--filter {text!r} holds no key=value item, e.g. status=timeout,reward=0; keys: {', '.join(FILTERS)}"
+        )
     return lambda e: all(any(t(e) for t in alternatives) for alternatives in tests.values())

@@ -197,12 +197,13 @@ def page(
 """
 
 
-def write(episode: Episode, out: str | Path, run_dir: Path | None) -> None:
+def write(episode: Episode, out: str | Path, run_dir: Path | None) -> list[str]:
     """Write ``episode``'s page to ``out``; ``run_dir`` (when the store is a run's) gives the
-    trainer's token stats and the tokenizer."""
+    trainer's token stats and the tokenizer. Returns the warnings (a damaged token stats file)."""
     from agentrl import token_stats
 
     t = episode.trajectory()
-    stats = token_stats.lookup(run_dir, t) if run_dir is not None else None
+    stats, damage = token_stats.find(run_dir, t) if run_dir is not None else (None, None)
     texts = token_texts(run_dir / "tokenizer" if run_dir is not None else None, t.input_ids)
     Path(out).write_text(page(episode, stats=stats, texts=texts))
+    return [damage] if damage else []

@@ -17,7 +17,9 @@ once the run has ended; ``config.json``; the trajectory store) and writes, into 
   IcePop, clip, KL, explained variance, tokens/s), the links to the episode pages, the config.
 
 A run still going (no ``summary.json``) is reported as far as it has got. Damaged lines of
-``metrics.jsonl`` are skipped and counted on the page.
+``metrics.jsonl`` are skipped, counted on the page and named in the warnings ``write`` returns,
+with damaged episode records and token stats files; a ``metrics.jsonl`` with no intact line is an
+error, as a directory without one is.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class RunData:
     config: dict[str, Any]
     damaged: int = 0
     episodes: list[Episode] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """Damage that was skipped, a line each: the lines of metrics.jsonl, records of the store."""
 
     @property
     def n_eval(self) -> int:
@@ -97,22 +101,36 @@ def load(run: str | Path) -> RunData:
             f"{run} holds no metrics.jsonl: it is not a training run's directory, or the run has not "
             "finished its first iteration; give runs/NAME of an `agentrl train` run"
         )
-    records, damaged = [], 0
-    for line in metrics.read_text(errors="replace").splitlines():
+    records, damaged = [], []
+    for n, line in enumerate(metrics.read_text(errors="replace").splitlines(), 1):
         try:
             record = json.loads(line)
         except ValueError:
-            damaged += 1
+            damaged.append(n)
             continue
         if isinstance(record, dict) and isinstance(record.get("iteration"), int):
             records.append(record)
         else:
-            damaged += 1
+            damaged.append(n)
+    if damaged and not records:
+        raise ReplayError(
+            f"{metrics} holds no metrics record (a JSON object with an integer iteration) in its "
+            f"{len(damaged)} line{'s' if len(damaged) > 1 else ''}; restore it from a copy, or give another run"
+        )
     data = RunData(
-        path, records, _json_file(path / "summary.json"), _json_file(path / "config.json"), damaged
+        path, records, _json_file(path / "summary.json"), _json_file(path / "config.json"), len(damaged)
     )
-    if (path / "trajectories").is_dir() and any((path / "trajectories").glob("*.jsonl.gz")):
-        data.episodes, _ = read(path / "trajectories")
+    if damaged:
+        lines = ", ".join(map(str, damaged[:10])) + (
+            f" and {len(damaged) - 10} more" if len(damaged) > 10 else ""
+        )
+        data.warnings.append(
+            f"{metrics} line{'s' if len(damaged) > 1 else ''} {lines}: not a metrics record; skipped"
+        )
+    store = path / "trajectories"
+    if store.is_dir() and any(store.glob("*.jsonl.gz")):
+        data.episodes, damage = read(store)
+        data.warnings += [f"{store}/{d}" for d in damage]
     return data
 
 
@@ -198,21 +216,22 @@ def episodes_png(episodes: list[Episode], path: Path) -> bool:
     return True
 
 
-def logprob_gap(run_dir: Path, episode: Episode) -> float | None:
+def logprob_gap(run_dir: Path, episode: Episode) -> tuple[float | None, str | None]:
     """Mean |trainer − rollout log-prob| over the episode's trained tokens, where the run recorded
-    its token stats (``debug.token_stats_every``); None elsewhere."""
+    its token stats (``debug.token_stats_every``); None elsewhere. Second: a warning naming a
+    damaged token stats file."""
     from agentrl import token_stats
 
     if episode.iteration is None or not token_stats.path_of(run_dir, episode.iteration).is_file():
-        return None
+        return None, None
     t = episode.trajectory()
-    stats = token_stats.lookup(run_dir, t)
+    stats, damage = token_stats.find(run_dir, t)
     if not stats or "logprobs" not in stats:
-        return None
+        return None, damage
     gaps = [
         abs(a - b) for a, b, m in zip(stats["logprobs"], t.rollout_logprobs, t.loss_mask, strict=False) if m
     ]
-    return sum(gaps) / len(gaps) if gaps else None
+    return (sum(gaps) / len(gaps) if gaps else None), None
 
 
 def _img(path: Path, alt: str) -> str:
@@ -232,15 +251,16 @@ def _statuses(record: dict[str, Any]) -> str:
     return ", ".join(f"{s} {counts[s]}" for s in STATUSES if counts.get(s))
 
 
-def episode_page(episode: Episode, path: Path, run_dir: Path) -> None:
-    """The replay page of one episode (as ``agentrl replay --id ID --html`` writes it)."""
+def episode_page(episode: Episode, path: Path, run_dir: Path) -> list[str]:
+    """The replay page of one episode (as ``agentrl replay --id ID --html`` writes it); its warnings."""
     from agentrl.replay.html import write
 
-    write(episode, path, run_dir)
+    return write(episode, path, run_dir)
 
 
-def write(run: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report of ``run`` into ``out`` (default ``RUN/report``); the page's path."""
+def write(run: str | Path, out: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Write the report of ``run`` into ``out`` (default ``RUN/report``); the page's path and the
+    warnings, one line per damaged thing skipped."""
     from agentrl.trainer.report import plot_curve
 
     data = load(run)
@@ -263,11 +283,12 @@ def write(run: str | Path, out: str | Path | None = None) -> Path:
     training = [e for e in data.episodes if e.iteration is not None]
     episodes_png(training, out / "episodes.png")
     pages: dict[str, str] = {}
+    warnings = data.warnings
 
     def link(e: Episode) -> str:
         if e.id not in pages:
             pages[e.id] = e.id.replace(":", "-") + ".html"
-            episode_page(e, out / "episodes" / pages[e.id], data.path)
+            warnings.extend(episode_page(e, out / "episodes" / pages[e.id], data.path))
         return f'<a href="episodes/{html.escape(pages[e.id])}">{html.escape(e.id)}</a>'
 
     def item(e: Episode, gap: float | None = None) -> str:
@@ -292,7 +313,13 @@ def write(run: str | Path, out: str | Path | None = None) -> Path:
     )
     if len(last) > len(shown):
         listed += f"<tr><td colspan=7>… {len(last) - len(shown)} more (agentrl replay lists them)</td></tr>"
-    gaps = [(g, e) for e in training if (g := logprob_gap(data.path, e)) is not None]
+    gaps = []
+    for e in training:
+        gap, damage = logprob_gap(data.path, e)
+        if gap is not None:
+            gaps.append((gap, e))
+        if damage:
+            warnings.append(damage)
     gaps.sort(key=lambda x: -x[0])
     by_gap = "\n".join(item(e, g) for g, e in gaps[:EPISODES_EACH]) or (
         "<li>no per-token stats recorded (train with debug.token_stats_every=N)</li>"
@@ -361,4 +388,4 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}pre{{font-size:12
 </body></html>
 """
     (out / "index.html").write_text(page)
-    return out / "index.html"
+    return out / "index.html", list(dict.fromkeys(warnings))  # one line per damaged file

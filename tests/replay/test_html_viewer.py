@@ -85,6 +85,19 @@ def write_page(path, capsys, episode="w0-00000:1"):
     return out
 
 
+@pytest.mark.parametrize("damage", [lambda b: b[:40], lambda b: b"not gzip"], ids=["truncated", "garbage"])
+def test_a_damaged_token_stats_file_is_named_and_the_page_written_without_it(run, capsys, damage):
+    path, _, _ = run
+    stats = token_stats.path_of(path, 4)
+    stats.write_bytes(damage(stats.read_bytes()))
+    out = path / "episode.html"
+    assert main(["replay", str(path), "--id", "w0-00000:1", "--html", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {stats} cannot be read (")
+    assert err[0].endswith("); its per-token stats are left out")
+    assert 'value="gap" disabled' in out.read_text()
+
+
 def test_the_page_in_chromium_shows_every_turn_and_recolours_tokens_by_mode(run, capsys):
     path, trajectories, _ = run
     page_file = write_page(path, capsys)

@@ -224,6 +224,7 @@ def test_unknown_id_suggests_close_ones(store, capsys):
         ("reward=high", "--filter reward='high' is not a number"),
         ("iteration=1.5", "--filter iteration='1.5' is not an integer"),
         ("status", "--filter item 'status' is not key=value"),
+        (",,,", "--filter ',,,' holds no key=value item, e.g. status=timeout,reward=0; keys: status, "),
     ],
 )
 def test_a_bad_filter_names_the_key_or_value(store, capsys, spec, message):
@@ -403,12 +404,33 @@ def test_a_store_with_no_intact_episode_says_so(tmp_path, capsys):
     (tmp_path / "w0-00000.jsonl.gz").write_bytes(gzip.compress(b"[1, 2]\n") + b"\x1f\x8b\x08 torn")
     code, out, err = cli(capsys, tmp_path)
     lines = err.splitlines()
-    assert code == 1 and out == "" and len(lines) == 3
+    assert code == 2 and out == "" and len(lines) == 3
     assert (
         lines[0].startswith("warning: ")
         and "line 1 (byte offset 0): not a trajectory record (a JSON list, not an object)" in lines[0]
     )
-    assert "line 2" in lines[1] and lines[2] == f"{tmp_path}: no intact episode (2 damaged records)"
+    assert "line 2" in lines[1]
+    assert lines[2] == (
+        f"error: {tmp_path}: no intact episode (2 damaged records, each named above); "
+        "restore its shards from a copy, or give another store"
+    )
+    (tmp_path / "w0-00000.jsonl.gz").write_bytes(gzip.compress(b"garbage\n"))
+    code, out, err = cli(capsys, tmp_path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 2
+    assert err.splitlines()[1].startswith(f"error: {tmp_path}: no intact episode (1 damaged record, ")
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--reexec", "--from-turn", "2"], "--reexec and --from-turn 2"),
+        (["--from-turn", "2", "--html", "x.html"], "--from-turn 2 and --html x.html"),
+    ],
+)
+def test_reexec_from_turn_and_html_are_one_at_a_time(store, capsys, flags, named):
+    code, out, err = cli(capsys, store, "--id", "w0-00000:1", *flags)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"error: {named} cannot be combined: ") and err.endswith("; give one\n")
 
 
 def test_filter_and_id_together_is_an_input_error(store, capsys):

@@ -137,6 +137,32 @@ def test_the_episodes_with_the_largest_log_prob_gap_are_named_where_stats_were_r
     assert found == [("w0-00000:6", "0.3000"), ("w0-00000:5", "0.2000"), ("w0-00000:4", "0.1000")]
 
 
+def test_damaged_lines_of_metrics_are_named_on_stderr_and_none_intact_is_an_error(run, capsys):
+    assert main(["report", str(run)]) == 0
+    assert (
+        capsys.readouterr().err == f"warning: {run / 'metrics.jsonl'} line 2: not a metrics record; skipped\n"
+    )
+    (run / "metrics.jsonl").write_text("{not json\n[1]\n")
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"error: {run / 'metrics.jsonl'} holds no metrics record (a JSON object")
+    assert "in its 2 lines; restore it from a copy" in err
+
+
+def test_a_damaged_token_stats_file_is_named_and_the_page_written_without_it(run, episodes, capsys):
+    from agentrl import token_stats
+    from agentrl.trainer.backend import Batch
+
+    stats = token_stats.write(run, 1, episodes, Batch.from_trajectories(episodes))
+    stats.write_bytes(stats.read_bytes()[:40])  # truncated
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in RECORDS) + "\n")
+    assert main(["report", str(run)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {stats} cannot be read (")
+    assert "no per-token stats recorded" in (run / "report" / "index.html").read_text()
+
+
 def test_a_metric_the_run_did_not_record_is_said_so(run, drawn):
     (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "reward_mean": 0.1}) + "\n")
     assert main(["report", str(run), "--out", str(run / "elsewhere")]) == 0
@@ -166,6 +192,11 @@ def test_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds no metrics.jsonl" in err and len(err.splitlines()) == 1
     (tmp_path / "metrics.jsonl").write_text("{}\n")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "holds no metrics record (a JSON object with an integer iteration) in its 1 line;" in (
+        capsys.readouterr().err
+    )
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\n')
     (tmp_path / "summary.json").write_text("{broken")
     assert main(["report", str(tmp_path)]) == 2
     assert "summary.json cannot be read" in capsys.readouterr().err

@@ -106,6 +106,13 @@ def test_only_transient_daemon_errors_are_retried():
     assert flaky() == "ok" and len(calls) == 3
 
 
+def test_gc_with_no_daemon_is_one_error_line(capsys):
+    assert main(["sandbox", "gc", "--host", "unix:///nonexistent/docker.sock"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("error: cannot reach the Docker daemon (unix:///nonexistent/docker.sock)")
+
+
 def test_doctor_reports_each_backend(capsys):
     assert main(["sandbox", "doctor"]) == 0
     out = capsys.readouterr().out

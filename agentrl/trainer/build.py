@@ -63,9 +63,10 @@ class Run:
         from agentrl.trainer.report import line  # report imports this module
 
         if (iteration + 1) % self.cfg.run.checkpoint_every == 0 or iteration + 1 == self.cfg.run.iterations:
-            self.checkpoints.save(
-                iteration + 1, self.backend, {"cursor": self.cursor.state(), "state": self.state}
-            )
+            # the iteration's record goes into the checkpoint too: a kill between the two writes
+            # would otherwise leave a checkpoint past the last line of metrics.jsonl
+            state = {"cursor": self.cursor.state(), "state": self.state, "record": record}
+            self.checkpoints.save(iteration + 1, self.backend, state)
         self.metrics.log(record)
         self.log(line(record))
 
@@ -166,6 +167,10 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         cursor.restore(saved["cursor"])
         run.state = saved.get("state", {})
         metrics.truncate_after(run.start - 1)
+        last = saved.get("record")
+        logged = {r.get("iteration") for r in metrics.read()}
+        if last is not None and last.get("iteration") == run.start - 1 and run.start - 1 not in logged:
+            metrics.log(last)  # killed after the checkpoint was written, before its metrics line was
         await engine.update_weights(backend.engine_state_dict())
         log(f"resumed from {latest} at iteration {run.start}")
     else:

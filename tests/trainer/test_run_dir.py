@@ -101,3 +101,14 @@ def test_weights_that_cannot_be_loaded_stop_with_one_line_naming_them(tmp_path, 
             f"error: model.init: cannot load {tmp_path / name} into the tiny model: {why}"
         ), err
         assert "weights_only" not in err and len(err.splitlines()) == 1
+
+
+def test_a_kill_between_the_checkpoint_and_its_metrics_line_loses_no_record(tmp_path):
+    run = tmp_path / "run"
+    assert train(tmp_path, "run.iterations=3", "env.eval_tasks=0") == 0
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    # as if killed after iteration 2's checkpoint was renamed into place, before its line was written
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines[:2]))
+    assert train(tmp_path, "run.iterations=4", "env.eval_tasks=0", "run.resume=true") == 0
+    after = (run / "metrics.jsonl").read_text().splitlines()
+    assert iterations(run) == [0, 1, 2, 3] and after[2] == lines[2]

@@ -244,8 +244,6 @@ def _envs_list(args: argparse.Namespace) -> int:
 
 
 def _envs_check(args: argparse.Namespace) -> int:
-    import inspect
-
     import yaml
 
     from agentrl.config import ConfigError, env_factory_params, make_env
@@ -262,20 +260,10 @@ def _envs_check(args: argparse.Namespace) -> int:
     if "sandbox" in env_args:
         return _error(f"--args sandbox={env_args['sandbox']!r}: give the sandbox with --sandbox instead")
     try:
-        takes = env_factory_params(args.id)
-        if args.sandbox and "sandbox" in takes:  # as train and rollout: only to a factory that takes it
+        # as train and rollout: the sandbox only to a factory that takes it
+        if args.sandbox and "sandbox" in env_factory_params(args.id):
             env_args["sandbox"] = args.sandbox
-        keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        missing = [
-            n for n, p in takes.items() if p.kind in keyword and p.default is p.empty and n not in env_args
-        ]
-        if missing and all(k in takes for k in env_args):  # an unknown one: make_env names it
-            return _error(
-                f"environment {args.id} needs the argument{'s' * (len(missing) > 1)} "
-                f"{', '.join(missing)} (its env.args): give {'them' if len(missing) > 1 else 'it'} "
-                f"with --args '{{{missing[0]}: ...}}'"
-            )
-        env = make_env(args.id, env_args, "--args")
+        env = make_env(args.id, env_args, "--args")  # names an unknown or a missing argument
     except ConfigError as e:
         return _error(e)
     try:

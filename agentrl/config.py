@@ -692,12 +692,12 @@ def env_factory_params(env_id: str) -> dict[str, inspect.Parameter]:
 def make_env(env_id: str, args: Any, key: str) -> Any:
     """``make(env_id, **args)`` where ``args`` is setting ``key``; ``ConfigError`` naming the id or the
     argument when the environment cannot be built. Called once before any model loads or episode runs."""
-    from agentrl.env import make
+    from agentrl.env import make, spec
     from agentrl.sandbox import NoSandboxError
 
     if not isinstance(args, dict):
         raise ConfigError(f"{key} must be a mapping of keyword arguments for {env_id}; got {args!r}")
-    params = env_factory_params(env_id)  # only to name an unknown argument; the call is make()'s
+    params = env_factory_params(env_id)  # only to name a bad argument; the call is make()'s
     if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         for name, value in args.items():
             if name not in params:
@@ -707,6 +707,15 @@ def make_env(env_id: str, args: Any, key: str) -> Any:
                     f"{key}.{name}={value!r}: environment {env_id} takes no argument {name!r}.{hint} "
                     f"It takes: {', '.join(params)}."
                 )
+    given = {**spec(env_id).defaults, **args}  # what make() passes: the registered defaults, then args
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [n for n, p in params.items() if p.kind in keyword and p.default is p.empty and n not in given]
+    if missing:
+        many = len(missing) > 1
+        raise ConfigError(
+            f"environment {env_id} needs the argument{'s' * many} {', '.join(missing)} (its env.args): "
+            f"give {'them' if many else 'it'} with {key} '{{{missing[0]}: ...}}'"
+        )
     try:
         return make(env_id, **args)
     except NoSandboxError as e:

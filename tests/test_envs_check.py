@@ -75,8 +75,9 @@ ENVS = {
 def registered():
     for env_id, cls in ENVS.items():
         register(env_id, entry_point=f"tests.test_envs_check:{cls}")
+    register("defaultdata-v0", entry_point="tests.test_envs_check:DataEnv", data_path="d.jsonl")
     yield
-    for env_id in ENVS:
+    for env_id in [*ENVS, "defaultdata-v0"]:
         env_module._REGISTRY.pop(env_id, None)
 
 
@@ -97,6 +98,17 @@ def test_args_give_the_env_its_arguments(capsys):
     )
     assert "needsdata-v0: all checks passed" in capsys.readouterr().out
     assert MADE and set(MADE) == {("t.jsonl", "local")}
+
+
+def test_a_required_argument_comes_from_the_registered_defaults_or_is_named_for_any_command(capsys):
+    from agentrl.config import ConfigError, make_env
+
+    MADE.clear()
+    assert main(["envs", "check", "defaultdata-v0"]) == 0
+    assert MADE and set(MADE) == {("d.jsonl", "docker")}
+    # the same check where a recipe builds the env (train, rollout)
+    with pytest.raises(ConfigError, match=r"needsdata-v0 needs the argument data_path \(its env.args\): "):
+        make_env("needsdata-v0", {}, "env.args")
 
 
 @pytest.mark.parametrize(

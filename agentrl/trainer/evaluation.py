@@ -15,7 +15,7 @@ from agentrl.rollout.pool import RolloutPool
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.build import Run, rollout_seed
 from agentrl.trainer.phases import check_collected
-from agentrl.trajectory import NOT_TRAINABLE, succeeded
+from agentrl.trajectory import succeeded
 
 
 async def evaluate(run: Run) -> dict[str, float]:
@@ -76,8 +76,7 @@ async def held_out(
         )
 
     greedy = await pool(True, 1).run(list(tasks))
-    measured = any(t.status not in NOT_TRAINABLE and any(t.loss_mask) for t in greedy)
-    check_collected(greedy, measured, cfg, f"held-out evaluation on {len(tasks)} {cfg.env.eval_split} tasks")
+    check_collected(greedy, cfg, f"held-out evaluation on {len(tasks)} {cfg.env.eval_split} tasks")
     solved = [float(succeeded(t.reward)) for t in greedy]
     result = {}
     result["eval_success"], result["eval_success_ci95"] = mean_ci95(solved)

@@ -349,9 +349,8 @@ class MegatronBackend:
     @torch.no_grad()
     def _all(self, fn, batch: Batch) -> Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for rows in pack(
-            batch.lengths.tolist(), _live(batch), self.budget
-        ):  # 0 for rows with no trainable token
+        # a row with no trainable token is not run: 0
+        for rows in pack(batch.lengths.tolist(), _live(batch), self.budget):
             got = fn(rows)
             if got is not None:
                 out[rows] = got.cpu()

@@ -20,16 +20,16 @@ from agentrl.algo import (
 )
 from agentrl.config import AlgoConfig, ConfigError, TrainConfig
 from agentrl.trainer.backend import Batch
-from agentrl.trajectory import CUT_OFF, Trajectory, succeeded
+from agentrl.trajectory import CUT_OFF, NOT_TRAINABLE, Trajectory, succeeded
 
 
-def check_collected(trajectories: list[Trajectory], trainable: bool, cfg: TrainConfig, what: str) -> None:
+def check_collected(trajectories: list[Trajectory], cfg: TrainConfig, what: str) -> None:
     """Stop the run when a whole batch of episodes (``what``: an iteration's, the held-out ones)
-    gave nothing to learn from or to measure: every episode failed (``trainable`` False: each ended
-    env_error, engine_error or aborted), or none holds a token the policy generated. That is a
-    broken environment, sandbox or engine, or a prompt over ``rollout.max_context``, not a policy
-    that has yet to learn; going on would train on nothing and report 0 as a measurement."""
-    if not trajectories or trainable:
+    gave nothing to learn from or to measure: no episode both ended normally (not env_error,
+    engine_error or aborted) and holds a token the policy generated. That is a broken environment,
+    sandbox or engine, or a prompt over ``rollout.max_context``, not a policy that has yet to learn;
+    going on would train on nothing and report 0 as a measurement."""
+    if not trajectories or any(t.status not in NOT_TRAINABLE and any(t.loss_mask) for t in trajectories):
         return
     statuses = dict(Counter(t.status for t in trajectories))
     failed = next((t for t in trajectories if t.extra.get("error")), None)

@@ -41,7 +41,7 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         trajectories = await run.pool.run(tasks, extra={"iteration": it})
         kept = [i for i, t in enumerate(trajectories) if t.status not in NOT_TRAINABLE]
         batch = Batch.from_trajectories([trajectories[i] for i in kept], [group_ids[i] for i in kept])
-        check_collected(trajectories, bool(batch.loss_mask.any()), cfg, f"iteration {it}")
+        check_collected(trajectories, cfg, f"iteration {it}")
         t1 = time.monotonic()
         # 2. recompute old log-probs (training engine, at the temperature the engine reported its
         # log-probs at: greedy ones are at 1) and values (critic; GAE only)

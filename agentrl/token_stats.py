@@ -76,13 +76,23 @@ def write(run_dir: Path, iteration: int, trajectories: list, batch: Any) -> Path
 
 
 @lru_cache(maxsize=8)
-def _read(path: Path, mtime: float) -> dict[tuple[str, int, int, int], dict[str, Any]]:
+def _read(path: Path, mtime: float) -> tuple[dict[tuple[str, int, int, int], dict[str, Any]], str | None]:
+    """The file's records by episode key, and a warning when it cannot be read (no records then).
+    The failure is cached as a table is: a damaged file is read once, not once per episode."""
     out = {}
-    for line in gzip.decompress(path.read_bytes()).decode().splitlines():
-        record = json.loads(line)
-        key = (str(record["task_id"]), int(record["sample_index"]), int(record["length"]), int(record["crc"]))
-        out[key] = record
-    return out
+    try:
+        for line in gzip.decompress(path.read_bytes()).decode().splitlines():
+            record = json.loads(line)
+            key = (
+                str(record["task_id"]),
+                int(record["sample_index"]),
+                int(record["length"]),
+                int(record["crc"]),
+            )
+            out[key] = record
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:  # EOFError: a truncated gzip
+        return {}, f"{path} cannot be read ({e}); its per-token stats are left out"
+    return out, None
 
 
 def lookup(run_dir: Path, trajectory: Any) -> dict[str, list[float]] | None:
@@ -101,9 +111,11 @@ def find(run_dir: Path, trajectory: Any) -> tuple[dict[str, list[float]] | None,
     if not path.is_file():
         return None, None
     try:
-        table = _read(path, path.stat().st_mtime)
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:  # EOFError: a truncated gzip
+        table, damage = _read(path, path.stat().st_mtime)
+    except OSError as e:  # gone since it was found
         return None, f"{path} cannot be read ({e}); its per-token stats are left out"
+    if damage:
+        return None, damage
     record = table.get(
         (trajectory.task_id, trajectory.sample_index, len(trajectory), crc(trajectory.input_ids))
     )

@@ -388,16 +388,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     try:
         keep = parse_filter(",".join(args.filter)) if args.filter else None
-        if args.turn is not None and args.id is None:
-            raise ReplayError(f"--turn {args.turn} needs --id: a turn of which episode?")
-        store = resolve(args.store)
-        episodes, damage = read(store)
-        for d in damage:
-            print(f"warning: {store}/{d}", file=sys.stderr)
         if args.filter and args.id is not None:
             raise ReplayError("--filter chooses the episodes to list; give it without --id")
-        if args.html is not None and args.turn is not None:
-            raise ReplayError(f"--turn {args.turn} is for the terminal; the --html page shows every turn")
         if args.html is not None and args.id is None:
             raise ReplayError(f"--html {args.html} needs --id: the page shows one episode")
         if args.reexec and args.id is None:
@@ -420,10 +412,26 @@ def _replay(args: argparse.Namespace) -> int:
                 f"{' and '.join(actions)} cannot be combined: --reexec re-runs the recorded tool calls, "
                 "--from-turn lets the policy generate from a turn, --html writes the page; give one"
             )
+        view = [
+            v
+            for v, given in ((f"--turn {args.turn}", args.turn is not None), ("--tokens", args.tokens))
+            if given
+        ]
+        if view and args.id is None:
+            raise ReplayError(f"{view[0]} needs --id: which episode to show?")
+        if view and actions:
+            raise ReplayError(
+                f"{' and '.join(view)} chooses what the terminal transcript shows; {actions[0]} prints no "
+                "transcript, so give it alone"
+            )
         if args.exact and not args.reexec:
             raise ReplayError("--exact is for --reexec: compare durations that tools print too")
         if args.sandbox is not None and not args.reexec:
             raise ReplayError(f"--sandbox {args.sandbox} is for --reexec: the sandbox to re-execute in")
+        store = resolve(args.store)
+        episodes, damage = read(store)
+        for d in damage:
+            print(f"warning: {store}/{d}", file=sys.stderr)
         if args.id is not None:
             episode = find(episodes, args.id, store)
             if args.reexec:

@@ -392,7 +392,7 @@ def test_html_is_one_self_contained_page_with_tokens_styled_by_mask(store, tmp_p
     code, _, err = cli(capsys, store, "--html", out_file)
     assert code == 2 and "needs --id" in err
     code, _, err = cli(capsys, store, "--id", "w0-00000:1", "--turn", "1", "--html", out_file)
-    assert code == 2 and "the --html page shows every turn" in err
+    assert code == 2 and "--turn 1 chooses what the terminal transcript shows; --html " in err
     code, _, err = cli(capsys, store, "--id", "w0-00000:1", "--html", tmp_path / "no" / "x.html")
     assert code == 2 and err.startswith("error: --html ") and "No such file or directory" in err
 
@@ -431,6 +431,26 @@ def test_reexec_from_turn_and_html_are_one_at_a_time(store, capsys, flags, named
     code, out, err = cli(capsys, store, "--id", "w0-00000:1", *flags)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.startswith(f"error: {named} cannot be combined: ") and err.endswith("; give one\n")
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--turn", "2", "--reexec"], "--turn 2; --reexec"),
+        (["--tokens", "--from-turn", "2"], "--tokens; --from-turn 2"),
+        (["--turn", "1", "--tokens", "--reexec"], "--turn 1 and --tokens; --reexec"),
+    ],
+)
+def test_transcript_options_beside_an_action_that_prints_none_are_refused(store, capsys, flags, named):
+    code, out, err = cli(capsys, store, "--id", "w0-00000:1", *flags)
+    head, action = named.split("; ")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err == (
+        f"error: {head} chooses what the terminal transcript shows; {action} prints no transcript, "
+        "so give it alone\n"
+    )
+    code, out, err = cli(capsys, store, "--tokens")
+    assert code == 2 and out == "" and err == "error: --tokens needs --id: which episode to show?\n"
 
 
 def test_filter_and_id_together_is_an_input_error(store, capsys):

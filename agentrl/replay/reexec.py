@@ -15,7 +15,8 @@ nondeterministic environment (time, randomness, network, state left over between
 The environment is the run's: a run directory's ``config.json`` gives ``env.args``, the sandbox
 kind and the turn limit (``agentrl.rollout.from_config.env_factory``, as training built it).
 A bare store has no config; its env is built from the registered defaults and ``sandbox``, with
-the episode's turns as its ``max_turns`` when the env ended the episode ``max_turns``.
+the turn limit the loop stored with the episode (``extra["max_turns"]``) as its ``max_turns``, or,
+in stores written before episodes carried it, the episode's turns when the env ended it ``max_turns``.
 The task is rebuilt from the data the agent loop stored with the trajectory
 (``extra["task_data"]``), or else found by id in the env's splits.
 
@@ -261,7 +262,7 @@ def build_env(store: Path, t: Trajectory, sandbox: str | None) -> tuple[AgentEnv
                 args["sandbox"] = resolve_kind(sandbox or "auto")
             except NoSandboxError as e:
                 raise ReplayError(str(e)) from None
-        if "max_turns" in params and (limit := env_turn_limit(t)):
+        if "max_turns" in params and (limit := turn_limit(t)):
             args["max_turns"] = limit
         env = make_env(t.env_id, args, "--sandbox")
     except ConfigError as e:
@@ -271,8 +272,21 @@ def build_env(store: Path, t: Trajectory, sandbox: str | None) -> tuple[AgentEnv
         ["train", "test"],
         "the environment's registered defaults"
         + (f", sandbox {args['sandbox']}" if "sandbox" in args else "")
-        + (f", max_turns {args['max_turns']} (where the episode ended)" if "max_turns" in args else ""),
+        + (f", max_turns {args['max_turns']} ({limit_source(t)})" if "max_turns" in args else ""),
     )
+
+
+def turn_limit(t: Trajectory) -> int | None:
+    """The turn limit the episode ran under: as the loop stored it, else as the episode shows it."""
+    stored = t.extra.get("max_turns")
+    if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 1:
+        return stored
+    return env_turn_limit(t)
+
+
+def limit_source(t: Trajectory) -> str:
+    stored = t.extra.get("max_turns")
+    return "where the episode ended" if turn_limit(t) != stored else "as the episode recorded it"
 
 
 def env_turn_limit(t: Trajectory) -> int | None:

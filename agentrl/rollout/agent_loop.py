@@ -254,6 +254,7 @@ async def run_episode(
         [], [], [], [], env_id=getattr(env, "id", ""), task_id=task.id, sample_index=sample_index
     )
     traj.seed = cfg.seed
+    traj.extra["max_turns"] = cfg.max_turns  # the turn limit, for replay to rebuild the env with it
     try:  # the task's own data, small, so that replay can rebuild the task without searching for it
         if len(json.dumps(task.data)) <= TASK_DATA_MAX:
             traj.extra["task_data"] = task.data

@@ -299,3 +299,20 @@ def test_a_bugfix_episode_that_ended_max_turns_replays_identically(tmp_path, tok
     assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 0
     out = capsys.readouterr().out
     assert "replayed 2 turns, 2 tool calls" in out and "identical:" in out
+
+
+def test_a_bare_store_rebuilds_the_env_with_the_turn_limit_the_episode_ran_under(tmp_path, tok, capsys):
+    """An episode that ran past the env's default turn limit (12) and completed: a bare store has no
+    config, so the limit comes from the episode; under the default the env would end it at turn 12."""
+    needs_bwrap()
+    env = make("bugfix-v0", sandbox="local", max_turns=14)
+    task = env.tasks("train")[0]
+    engine = ScriptedEngine(tok, script=[bash("ls")] * 12 + [SUBMIT])
+    t = asyncio.run(run_episode(env, engine, tok, task, LoopConfig(max_turns=14)))
+    assert t.status == "completed" and t.extra["max_turns"] == 14 and env_turn_limit(t) is None
+    with TrajectoryStore(tmp_path / "store") as s:
+        s.append(t)
+    assert main(["replay", str(tmp_path / "store"), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 0
+    out = capsys.readouterr().out
+    assert "max_turns 14 (as the episode recorded it)" in out
+    assert "replayed 13 turns, 13 tool calls" in out and "identical:" in out

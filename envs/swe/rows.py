@@ -273,11 +273,16 @@ def load_rows(path: str | Path) -> list[SweRow]:
     try:
         table = datasets.load_dataset(kind, data_files=str(path), split="train")
     except Exception as e:  # a malformed line: datasets says where
+        if kind == "json" and _empty_json(path):  # `[]` or `{}`: datasets finds "no data"
+            raise empty from None
         message = (str(e).splitlines() or [type(e).__name__])[0]
         raise RowError(f"{path}: cannot be read as {kind} rows: {message[:500]}") from e
     rows, seen = [], set()
     for index, raw in enumerate(table):
-        row = parse_row(raw, path.parent, index)
+        try:
+            row = parse_row(raw, path.parent, index)
+        except RowError as e:
+            raise RowError(f"{path}: {e}") from None
         if row.instance_id in seen:
             raise RowError(f"{path}: row {index}: instance_id {row.instance_id!r} appears twice")
         seen.add(row.instance_id)
@@ -285,3 +290,13 @@ def load_rows(path: str | Path) -> list[SweRow]:
     if not rows:
         raise empty
     return rows
+
+
+def _empty_json(path: Path) -> bool:
+    """Whether the file is one empty JSON array or object (small by definition; larger is not read)."""
+    if path.stat().st_size > 4096:
+        return False
+    try:
+        return json.loads(path.read_bytes()) in ([], {})
+    except ValueError:
+        return False

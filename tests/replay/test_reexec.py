@@ -312,7 +312,9 @@ def test_a_bare_store_rebuilds_the_env_with_the_turn_limit_the_episode_ran_under
     assert t.status == "completed" and t.extra["max_turns"] == 14 and env_turn_limit(t) is None
     with TrajectoryStore(tmp_path / "store") as s:
         s.append(t)
-    assert main(["replay", str(tmp_path / "store"), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 0
+    assert (
+        main(["replay", str(tmp_path / "store"), "--id", "w0-00000:1", "--reexec", "--sandbox", "local"]) == 0
+    )
     out = capsys.readouterr().out
     assert "max_turns 14 (as the episode recorded it)" in out
     assert "replayed 13 turns, 13 tool calls" in out and "identical:" in out

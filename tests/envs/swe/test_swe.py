@@ -82,10 +82,12 @@ def test_a_hand_written_row_loads(dataset):
         ({"source": {"sdist": "x.tar.gz", "sha256": "abc"}}, r"field 'source.sha256' must be 64"),
     ],
 )
-def test_a_bad_row_is_named_by_instance_and_field(dataset, change, message):
+def test_a_bad_row_is_named_by_file_instance_and_field(dataset, change, message):
     folder, sha = dataset
-    with pytest.raises(RowError, match=message):
-        load_rows(write_rows(folder, [row(sha, **change)]))
+    path = write_rows(folder, [row(sha, **change)])
+    with pytest.raises(RowError, match=message) as e:
+        load_rows(path)
+    assert str(e.value).startswith(f"{path}: row 0 ")
 
 
 def test_a_wrong_hash_stops_with_both_hashes(dataset):
@@ -334,12 +336,21 @@ def test_swe_validate_and_grade_commands(dataset, capsys):
     assert "instance_id 'nope' is not a row of" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["empty.jsonl", "blank.jsonl", "empty.yaml"])
-def test_a_task_file_without_rows_is_an_input_error(dataset, capsys, name):
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("empty.jsonl", ""),
+        ("blank.jsonl", "\n\n"),
+        ("empty.yaml", ""),
+        ("list.json", "[ ]\n"),
+        ("obj.json", "{}"),
+    ],
+)
+def test_a_task_file_without_rows_is_an_input_error(dataset, capsys, name, text):
     from agentrl.cli import main
 
     folder, _ = dataset
-    (folder / name).write_text("\n\n" if name == "blank.jsonl" else "")
+    (folder / name).write_text(text)
     with pytest.raises(RowError, match="holds no task rows"):
         load_rows(folder / name)
     assert main(["swe", "validate", str(folder / name), "--sandbox", "local"]) == 2

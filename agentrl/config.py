@@ -225,7 +225,9 @@ class EngineConfig(Section):
     sync_bucket_mb: float = Field(512.0, gt=0)
     """``sglang``, ``distributed``: megabytes of tensors per ``/update_weights_from_distributed`` call."""
     ranks_per_worker: int = Field(1, ge=1)
-    """``sglang``, ``distributed``: GPUs of one server (its tp × dp), each a rank of the update group."""
+    """``sglang``, ``distributed``: ranks one server adds to the update group: its tensor-parallel
+    size (SGLang joins each TP rank as ``rank_offset + tp_rank`` and takes no data-parallel replicas
+    here). Set from ``engine.launch.tp`` when the run starts its servers."""
 
     @field_validator("kind")
     @classmethod
@@ -236,6 +238,20 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _url(self) -> EngineConfig:
+        if self.weight_sync == "distributed" and self.launch.server == "sglang":
+            if self.launch.dp > 1:
+                raise ValueError(
+                    f"engine.launch.dp={self.launch.dp} with engine.weight_sync=distributed: SGLang updates "
+                    "weights over a group only without data-parallel replicas; use engine.launch.servers="
+                    f"{self.launch.dp * self.launch.servers} with dp 1 (a router in front), or weight_sync=disk"
+                )
+            if "ranks_per_worker" not in self.model_fields_set:
+                self.ranks_per_worker = self.launch.tp
+            elif self.ranks_per_worker != self.launch.tp:
+                raise ValueError(
+                    f"engine.ranks_per_worker={self.ranks_per_worker}, but each server the run starts has "
+                    f"engine.launch.tp={self.launch.tp} ranks in the update group; leave ranks_per_worker out"
+                )
         if self.kind != "sglang" and self.launch.server != "none":
             raise ValueError(f"engine.launch is for engine.kind sglang; engine.kind is {self.kind}")
         if self.kind == "sglang":

@@ -20,13 +20,14 @@ holds new requests; a batch already running finishes (``abort`` mode aborts it i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from typing import Any
 
 from agentrl.rollout.engine import Generation, SamplingParams
 from agentrl.rollout.local import LocalEngine
-from agentrl.rollout.sglang_api import SAMPLING_KEYS, finish_reason, unknown_sampling_keys
+from agentrl.rollout.sglang_api import CONTEXT_RESERVE, SAMPLING_KEYS, finish_reason, unknown_sampling_keys
 
 HONOURED = {
     "max_new_tokens",
@@ -101,12 +102,21 @@ def _sampling(sampling: Any, prompt_len: int, max_context: int, vocab: int) -> S
         )
     except (TypeError, ValueError) as e:
         raise BadRequest(f"sampling_params: {e}") from None
+    # SGLang's limits, in its words (CONTEXT_RESERVE): the tokenizer's, then the scheduler's
+    limit = max_context - CONTEXT_RESERVE
+    if prompt_len >= limit:
+        raise BadRequest(
+            f"Input length ({prompt_len} tokens) exceeds the maximum allowed length ({limit} tokens)."
+        )
     if prompt_len + params.max_new_tokens > max_context:
         raise BadRequest(
-            f"the prompt ({prompt_len} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the "
-            f"model's maximum context length ({max_context} tokens)"
+            f"Requested token count exceeds the model's maximum context length of {max_context} tokens. "
+            f"You requested a total of {prompt_len + params.max_new_tokens} tokens: {prompt_len} tokens "
+            f"from the input messages and {params.max_new_tokens} tokens for the completion."
         )
-    return params
+    return dataclasses.replace(
+        params, max_new_tokens=min(params.max_new_tokens, max_context - 2 - prompt_len)
+    )
 
 
 class LocalServer:
@@ -133,7 +143,8 @@ class LocalServer:
         return self._resumed
 
     def abort(self, rid: str | None, message: str) -> int:
-        rids = list(self.running) if rid is None else [rid] if rid in self.running else []
+        # SGLang aborts every request whose rid starts with the one given, not only an equal one.
+        rids = [r for r in self.running if rid is None or r.startswith(rid)]
         for r in rids:
             self.aborted[r] = message
             self.running[r].cancel()
@@ -214,7 +225,9 @@ class LocalServer:
             "model_path": self.model_path,
             "served_model_name": self.model_path,
             "tokenizer_path": self.tokenizer_path,
-            "max_context_length": self.max_context,
+            "context_length": self.max_context,  # SGLang: server_args, plus the scheduler's limits
+            "max_req_input_len": self.max_context - CONTEXT_RESERVE,
+            "max_total_num_tokens": self.max_context,
             "version": f"agentrl-serve-local {agentrl.__version__}",
             "internal_states": [dict(self.engine.stats, running=len(self.running))],
             "startup_time": self.started,
@@ -245,7 +258,7 @@ class LocalServer:
         if args[4] in self.groups:
             raise BadRequest(f"already in the weight update group {args[4]!r}")
         # One rank: this server's model is on one device. Blocks until the trainer has joined too.
-        self.groups[args[4]] = await asyncio.get_running_loop().run_in_executor(
+        self.groups[args[4]], _ = await asyncio.get_running_loop().run_in_executor(
             None, join_update_group, *args
         )
         return {"success": True, "message": f"joined {args[4]} as rank {args[3]} of {args[2]}"}

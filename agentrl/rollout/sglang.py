@@ -39,6 +39,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from agentrl.rollout.engine import EngineError, Generation, SamplingParams
 from agentrl.rollout.sglang_api import (
+    CONTEXT_RESERVE,
     ContractError,
     abort_request,
     check_sampling_keys,
@@ -98,6 +99,9 @@ class SGLangEngine:
         self.weight_sync, self.sync_master, self.sync_backend = weight_sync, sync_master, sync_backend
         self.bucket_bytes, self.ranks_per_worker = bucket_bytes, ranks_per_worker
         self.update_group = None
+        self.update_group_name = ""
+        self.update_joins = 0  # each join of the update group has a name of its own
+        self.update_store = None  # the trainer's rendezvous store, kept across joins
         self.launcher = None
         """The servers this engine's run started (``engine.launch``), stopped by ``close``."""
         self.stats: dict[str, Any] = {
@@ -201,9 +205,10 @@ class SGLangEngine:
 
         def fresh_rid() -> None:
             # A timed-out attempt may still run on the server: it is aborted, and the next attempt
-            # gets its own rid (SGLang refuses a rid it is still serving).
+            # gets a rid of its own (SGLang refuses a rid it is still serving), one that does not
+            # start with the old one: SGLang aborts every request whose rid starts with the given one.
             self._abort_later(sent[-1])
-            sent.append(f"{rid}-{len(sent)}")
+            sent.append(uuid.uuid4().hex)
             body["rid"] = sent[-1]
 
         self.stats["requests"] += 1
@@ -312,14 +317,23 @@ class SGLangEngine:
                 shutil.rmtree(self._synced.pop(0), ignore_errors=True)
         return new
 
-    async def post(self, url: str, path: str, body: Any) -> tuple[int, Any]:
-        """POST ``body`` to ``url + path`` with the retries of every call: ``(status, JSON or None)``."""
-        return await self._call("POST", f"{url}{path}", body, self.update_timeout_s)
+    async def post(self, url: str, path: str, body: Any, *, once: bool = False) -> tuple[int, Any]:
+        """POST ``body`` to ``url + path`` with the retries of every call: ``(status, JSON or None)``.
+        ``once``: a call the server may have acted on before the fault (joining the update group,
+        receiving a bucket) is not sent again; its fault is an ``EngineError``."""
+        if not once:
+            return await self._call("POST", f"{url}{path}", body, self.update_timeout_s)
+        try:
+            return await self._once("POST", f"{url}{path}", body, self.update_timeout_s)
+        except _Retry as e:
+            raise EngineError(
+                f"SGLang at {url}: {e} (not sent again: the server may have acted on it)"
+            ) from e
 
-    async def post_ok(self, url: str, path: str, body: dict[str, Any]) -> Any:
+    async def post_ok(self, url: str, path: str, body: dict[str, Any], *, once: bool = False) -> Any:
         """POST ``body``; ``EngineError`` with the server's message unless it answers 200 (and, where
         the answer has one, ``success: true``)."""
-        status, data = await self.post(url, path, body)
+        status, data = await self.post(url, path, body, once=once)
         if status != 200 or (isinstance(data, dict) and data.get("success") is False):
             raise EngineError(f"{url}{path} failed ({status}): {error_message(data, 'no message')}")
         return data
@@ -335,20 +349,25 @@ class SGLangEngine:
             return False
         return status == 200
 
-    async def close(self) -> None:
-        if self.update_group is not None:
-            from agentrl.rollout.sglang_sync import GROUP_NAME, leave_update_group
+    async def leave_update_group(self) -> None:
+        """The workers, then the trainer, leave the weight-update group (the next update joins anew)."""
+        if self.update_group is None:
+            return
+        from agentrl.rollout.sglang_sync import leave_update_group
 
-            for url in await self.workers():  # the servers leave first: they wait on the trainer's rank
-                with contextlib.suppress(EngineError, _Retry):
-                    await self._once(
-                        "POST",
-                        f"{url}/destroy_weights_update_group",
-                        {"group_name": GROUP_NAME},
-                        self.connect_timeout_s,
-                    )
-            leave_update_group(self.update_group)
-            self.update_group = None
+        for url in await self.workers():  # the servers leave first: they wait on the trainer's rank
+            with contextlib.suppress(EngineError, _Retry):
+                await self._once(
+                    "POST",
+                    f"{url}/destroy_weights_update_group",
+                    {"group_name": self.update_group_name},
+                    self.connect_timeout_s,
+                )
+        leave_update_group(self.update_group)
+        self.update_group = None
+
+    async def close(self) -> None:
+        await self.leave_update_group()
         await self._close_http()
         if self.launcher is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.launcher.stop)
@@ -364,7 +383,11 @@ class SGLangEngine:
 
 
 def _next_version(version: str) -> str:
-    return str(int(version) + 1) if version.isdigit() else f"{version}+1"
+    """The version after ``version``: its trailing number plus one ("3" → "4", "step-7" → "step-8"),
+    else ``-1`` appended (SGLang's default "default" → "default-1"), so names do not grow."""
+    head = version.rstrip("0123456789")
+    tail = version[len(head) :]
+    return f"{head}{int(tail) + 1}" if tail else f"{version}-1"
 
 
 def server_facts(url: str, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -412,11 +435,16 @@ def check_server(url: str, *, model_path: str | None, max_context: int, timeout_
         raise ConfigError(
             f"engine.url={url} serves an embedding model ({info.get('model_path')}), not a generator"
         )
-    served = server.get("max_context_length") or server.get("context_length")
-    if isinstance(served, int) and served < max_context:
+    limit = server.get("max_req_input_len")  # SGLang's scheduler reports it; older servers may not
+    if not isinstance(limit, int):
+        context = server.get("max_context_length") or server.get("context_length")
+        limit = context - CONTEXT_RESERVE if isinstance(context, int) and context > 0 else None
+    if limit is not None and max_context > limit:
         raise ConfigError(
-            f"rollout.max_context={max_context}, but {url} serves at most {served} tokens; "
-            f"lower rollout.max_context or start the server with a longer context"
+            f"rollout.max_context={max_context}, but {url} takes inputs of fewer than {limit} tokens "
+            f"(its max_req_input_len: the context length less {CONTEXT_RESERVE} it keeps, or less when "
+            f"its KV cache is smaller); lower rollout.max_context to {limit} or start the server with "
+            "a longer --context-length"
         )
     return info
 

@@ -71,6 +71,12 @@ SAMPLING_KEYS = frozenset(
 )
 """Every key SGLang 0.5.23 accepts inside ``sampling_params`` (a test compares it with the contract's)."""
 
+CONTEXT_RESERVE = 6
+"""Tokens of its context length SGLang keeps for itself: it refuses (400) an input of
+``max_req_input_len = context_length - 1 - 5`` tokens or more, an input plus ``max_new_tokens`` over
+``context_length``, and cuts ``max_new_tokens`` to ``context_length - 2 - input``. An episode of
+``rollout.max_context`` tokens fits when ``rollout.max_context <= max_req_input_len`` (``/server_info``
+reports it; its KV cache can make it smaller than the context length says)."""
 FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
 """``meta_info.finish_reason.type`` → ``Generation.finish_reason`` (the agent loop ends an
 episode whose generation was aborted with status ``aborted``)."""

@@ -42,9 +42,12 @@ def join_update_group(
     group_name: str,
     backend: str,
     timeout_s: float = 300.0,
+    store=None,
 ):
     """This process's member of the update group (rank 0 is the trainer; it hosts the store). Blocks
-    until every rank has joined."""
+    until every rank has joined. Returns the group and its rendezvous store. ``store``: the rendezvous store of an earlier join, kept by the
+    trainer so that a second join neither binds the port again nor reads an old group's keys (each
+    join has a group name of its own)."""
     from torch.distributed.distributed_c10d import (
         Backend,
         PrefixStore,
@@ -55,8 +58,9 @@ def join_update_group(
 
     timeout = timedelta(seconds=timeout_s)
     url = f"tcp://{master_address}:{master_port}"
-    store, rank, world_size = next(rendezvous(url, rank=rank, world_size=world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    if store is None:
+        store, rank, world_size = next(rendezvous(url, rank=rank, world_size=world_size, timeout=timeout))
+        store.set_timeout(timeout)
     group, _ = _new_process_group_helper(
         world_size,
         rank,
@@ -69,7 +73,7 @@ def join_update_group(
     _world.pg_group_ranks[group] = {
         i: i for i in range(world_size)
     }  # collectives map group ranks through this
-    return group
+    return group, store
 
 
 def leave_update_group(group) -> None:
@@ -141,6 +145,12 @@ async def broadcast_update(engine, state_dict: dict[str, Any], version: str) -> 
     loop = asyncio.get_running_loop()
     workers = await engine.workers()
     if engine.update_group is None:
+        # A group left after a failed update is joined anew under another name (SGLang keeps its
+        # groups by name; the store may still hold the old group's keys).
+        engine.update_group_name = (
+            GROUP_NAME if engine.update_joins == 0 else f"{GROUP_NAME}-{engine.update_joins}"
+        )
+        engine.update_joins += 1
         host, _, port = engine.sync_master.rpartition(":")
         world = 1 + engine.ranks_per_worker * len(workers)
         joins = [
@@ -153,30 +163,48 @@ async def broadcast_update(engine, state_dict: dict[str, Any], version: str) -> 
                         "master_port": int(port),
                         "rank_offset": 1 + i * engine.ranks_per_worker,
                         "world_size": world,
-                        "group_name": GROUP_NAME,
+                        "group_name": engine.update_group_name,
                         "backend": engine.sync_backend,
                     },
+                    once=True,  # joining twice is not joining once
                 )
             )
             for i, url in enumerate(workers)
         ]
         group = loop.run_in_executor(
-            None, join_update_group, host, int(port), world, 0, GROUP_NAME, engine.sync_backend
+            None,
+            join_update_group,
+            host,
+            int(port),
+            world,
+            0,
+            engine.update_group_name,
+            engine.sync_backend,
+            300.0,
+            engine.update_store,
         )
-        engine.update_group, *_ = await asyncio.gather(group, *joins)
+        (engine.update_group, engine.update_store), *_ = await asyncio.gather(group, *joins)
     await engine.post_all("/pause_generation", {"mode": "retract"})  # running requests resume afterwards
     try:
         await engine.post_all("/begin_weight_update", {"selector": "all"})
         try:
             chunks = buckets(state_dict, engine.bucket_bytes)
-            for k, bucket in enumerate(chunks):
-                body = bucket_request(bucket, GROUP_NAME, version if k == len(chunks) - 1 else None)
-                posts = [
-                    asyncio.ensure_future(engine.post_ok(url, "/update_weights_from_distributed", body))
-                    for url in workers
-                ]
-                await loop.run_in_executor(None, broadcast, engine.update_group, bucket)
-                await asyncio.gather(*posts)
+            try:
+                for k, bucket in enumerate(chunks):
+                    body = bucket_request(
+                        bucket, engine.update_group_name, version if k == len(chunks) - 1 else None
+                    )
+                    posts = [  # once: a bucket sent again would wait for a broadcast that never comes
+                        asyncio.ensure_future(
+                            engine.post_ok(url, "/update_weights_from_distributed", body, once=True)
+                        )
+                        for url in workers
+                    ]
+                    await loop.run_in_executor(None, broadcast, engine.update_group, bucket)
+                    await asyncio.gather(*posts)
+            except Exception:  # the group's ranks may be out of step: leave it, join anew next time
+                await engine.leave_update_group()
+                raise
         finally:  # a failed update closes its session too, or the next one could not begin
             await engine.post_all("/end_weight_update", {})
         await flush(engine, workers)

@@ -220,7 +220,8 @@ def test_serve_local_answers_with_the_contracts_types_and_the_engines_logprobs(t
     assert decoded.meta_info.id == "raw-1" and decoded.output_ids == raw["output_ids"]
     assert isinstance(decoded.meta_info.finish_reason, api.FinishLength | api.FinishStop)
     assert api.GetModelInfoResponse.from_json_value(infos["/model_info"]).model_path == "tiny-test"
-    assert api.GetServerInfoResponse.from_json_value(infos["/server_info"]).max_context_length == 1024
+    assert api.GetServerInfoResponse.from_json_value(infos["/server_info"]).model_path == "tiny-test"
+    assert infos["/server_info"]["max_req_input_len"] == 1018  # what SGLang's scheduler reports
     assert abort_status == 200
 
 
@@ -240,6 +241,110 @@ def test_a_400_is_not_retried_and_its_message_reaches_the_caller(tiny, served):
     ) as e:
         asyncio.run(go())
     assert not e.value.transient and sum(engine.stats["retries"].values()) == 0
+
+
+def test_the_server_keeps_sglangs_context_limits(served):
+    """SGLang refuses an input of context - 6 tokens or more, and cuts max_new_tokens to context - 2
+    - input; the fake does as SGLang does, so a client tested against it fits the real one."""
+    url, _ = served
+    engine = SGLangEngine(url)
+
+    async def go(n, new):
+        return await engine.generate([1] * n, SamplingParams(max_new_tokens=new, temperature=0))
+
+    async def all_of():
+        try:
+            refused = []
+            for n in (1018, 1019):
+                try:
+                    await go(n, 1)
+                except EngineError as e:
+                    refused.append(str(e))
+            cut = await go(1017, 7)  # asked for 7, SGLang gives at most 1024 - 2 - 1017 = 5
+            return refused, cut
+        finally:
+            await engine.close()
+
+    refused, cut = asyncio.run(all_of())
+    assert len(refused) == 2 and all("the maximum allowed length (1018 tokens)" in r for r in refused)
+    assert len(cut.output_ids) <= 5 and cut.finish_reason in ("length", "stop")
+
+
+def test_an_episode_as_long_as_the_start_up_check_allows_ends_truncated_never_refused(tiny, served):
+    """rollout.max_context at the server's max_req_input_len, the largest the check lets through:
+    episodes that fill it end truncated_context (trainable), none is refused with a 400."""
+    from agentrl.env import Task
+    from agentrl.rollout.agent_loop import LoopConfig, run_episode
+    from tests.rollout.fakes import EchoEnv
+
+    url, _ = served
+    _, tok = tiny
+    limit = 1018
+    check_server(url, model_path=None, max_context=limit, timeout_s=5)
+    engine = SGLangEngine(url)
+    loop = LoopConfig(max_context=limit, max_new_tokens=256, max_turns=50, temperature=1.0, seed=0)
+
+    async def go():
+        try:
+            return await asyncio.gather(
+                *(run_episode(EchoEnv(episode_len=50), engine, tok, Task(f"t{i}"), loop) for i in range(4))
+            )
+        finally:
+            await engine.close()
+
+    episodes = asyncio.run(go())
+    assert [t.status for t in episodes] == ["truncated_context"] * 4
+    assert all(len(t.input_ids) == limit for t in episodes)
+
+
+def test_a_retry_does_not_start_with_the_rid_it_aborts(tiny, served):
+    """SGLang's /abort_request aborts every request whose rid starts with the one given: a retry
+    named after the timed-out attempt would be aborted with it. The fake aborts by prefix too."""
+    url, server = served
+
+    async def go():
+        import aiohttp
+
+        seen: list[str] = []
+        engine = SGLangEngine(url, request_timeout_s=0.5, retry_deadline_s=30)
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/pause_generation", json={"mode": "in_place"}) as r:
+                assert r.status == 200
+            task = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+            while len(seen) < 2:  # the first attempt times out while held; the retry is held too
+                await asyncio.sleep(0.02)
+                seen.extend(r for r in server.running if r not in seen)
+            async with s.post(f"{url}/continue_generation", json={}) as r:
+                assert r.status == 200
+            gen = await asyncio.wait_for(task, 30)
+        await engine.close()
+        return seen, gen, engine
+
+    seen, gen, engine = asyncio.run(go())
+    assert not seen[1].startswith(seen[0]) and engine.stats["retries"]["timeout"] >= 1
+    assert gen.finish_reason != "abort" and len(gen.output_ids) > 0
+
+
+def test_the_fake_aborts_by_rid_prefix_as_sglang_does(served):
+    _, server = served
+
+    async def go():
+        held = asyncio.Event()
+
+        async def hang():
+            await held.wait()
+
+        tasks = {rid: asyncio.create_task(hang()) for rid in ("abc", "abc-1", "xabc")}
+        server.running.update(tasks)
+        n = server.abort("abc", "test")
+        for rid in tasks:
+            server.running.pop(rid, None)
+            server.aborted.pop(rid, None)
+        await asyncio.sleep(0)
+        return n, {rid: t.cancelled() or t.cancelling() > 0 for rid, t in tasks.items()}
+
+    n, cancelled = asyncio.run(go())
+    assert n == 2 and cancelled == {"abc": True, "abc-1": True, "xabc": False}
 
 
 def test_a_cancelled_request_is_aborted_on_the_server(tiny, served):
@@ -347,12 +452,15 @@ def test_weight_sync_by_disk_advances_the_version_and_serves_the_new_weights(tmp
 
 def test_the_start_up_check_stops_on_another_model_or_a_shorter_context(served):
     url, _ = served
-    info = check_server(url, model_path="tiny-test", max_context=1024, timeout_s=5)
+    info = check_server(url, model_path="tiny-test", max_context=1000, timeout_s=5)
     assert info["weight_version"] is not None
     with pytest.raises(ConfigError, match="engine.model_path='Qwen/Qwen3-8B', but .* serves 'tiny-test'"):
-        check_server(url, model_path="Qwen/Qwen3-8B", max_context=1024, timeout_s=5)
-    with pytest.raises(ConfigError, match="rollout.max_context=4096, but .* serves at most 1024 tokens"):
-        check_server(url, model_path=None, max_context=4096, timeout_s=5)
+        check_server(url, model_path="Qwen/Qwen3-8B", max_context=1000, timeout_s=5)
+    check_server(url, model_path=None, max_context=1018, timeout_s=5)  # its max_req_input_len
+    with pytest.raises(
+        ConfigError, match="rollout.max_context=1019, but .* takes inputs of fewer than 1018 tokens"
+    ):
+        check_server(url, model_path=None, max_context=1019, timeout_s=5)
     with pytest.raises(ConfigError, match="engine.url=http://127.0.0.1:9: no SGLang server answers"):
         check_server("http://127.0.0.1:9", model_path=None, max_context=8, timeout_s=0.5)
     with pytest.raises(ConfigError, match="engine.kind sglang needs engine.url"):

@@ -174,3 +174,41 @@ def test_a_run_can_start_its_own_server_and_stops_it_when_its_engine_closes(tmp_
     assert server.popen.poll() is not None and engine.launcher is None
     log = (tmp_path / "run" / "engine_logs" / "serve-local.log").read_text()
     assert f"agentrl serve local: {(tmp_path / 'run' / 'engine_weights' / 'initial').resolve()} on" in log
+
+
+def test_distributed_sync_with_launched_servers_counts_each_servers_tp_ranks():
+    """SGLang joins each tensor-parallel rank of a server to the update group as rank_offset +
+    tp_rank, and refuses data-parallel replicas there: the group's size and offsets follow tp."""
+    from agentrl.config import ConfigError, TrainConfig, load_config
+
+    base = [
+        "engine.kind=sglang",
+        "engine.launch.server=sglang",
+        "engine.launch.model=m",
+        "engine.weight_sync=distributed",
+        "engine.launch.servers=2",
+    ]
+    cfg = load_config(TrainConfig, None, [*base, "engine.launch.tp=2"])
+    assert cfg.engine.ranks_per_worker == 2
+    assert TrainConfig.model_validate_json(cfg.model_dump_json()).engine.ranks_per_worker == 2
+    with pytest.raises(
+        ConfigError, match=r"engine.ranks_per_worker=1, but each server .* engine.launch.tp=2"
+    ):
+        load_config(TrainConfig, None, [*base, "engine.launch.tp=2", "engine.ranks_per_worker=1"])
+    with pytest.raises(
+        ConfigError, match=r"engine.launch.dp=2 with engine.weight_sync=distributed: .*launch.servers=4 with dp 1"
+    ):
+        load_config(TrainConfig, None, [*base, "engine.launch.dp=2"])
+
+
+def test_weight_versions_advance_without_growing():
+    from agentrl.rollout.sglang import _next_version
+
+    assert [_next_version(v) for v in ("0", "9", "step-7", "default", "default-1", "v2.10")] == [
+        "1",
+        "10",
+        "step-8",
+        "default-1",
+        "default-2",
+        "v2.11",
+    ]

@@ -44,9 +44,11 @@ def test_buckets_keep_the_order_and_their_size():
     assert [[name for name, _ in b] for b in cut] == [["w0", "w1"], ["w2"], ["w3", "w4"]]
 
 
-def test_a_failed_distributed_update_still_resumes_generation(server_url):
+def test_a_failed_distributed_update_still_resumes_generation_and_the_next_one_joins_anew(server_url):
     """A bucket the server cannot take (a name its model lacks) fails the update with the server's
-    message, and /continue_generation is sent all the same: the server is not left paused."""
+    message, and /continue_generation is sent all the same: the server is not left paused. Both sides
+    leave the update group, whose ranks may be out of step; the next update joins it again."""
+    served, _ = tiny_chat_model(seed=0)  # what the server serves: it is left as it was
 
     async def go():
         engine = distributed_engine(server_url)
@@ -54,13 +56,64 @@ def test_a_failed_distributed_update_still_resumes_generation(server_url):
             await engine.update_weights({"no.such.weight": torch.zeros(3)})
         except EngineError as e:
             error = e
+        left = engine.update_group is None
         gen = await asyncio.wait_for(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2)), 30)
+        version = await engine.update_weights(served.state_dict(), version="0")
         await engine.close()  # leaves the group: the server first
-        return error, gen
+        return error, left, gen, version
 
-    error, gen = asyncio.run(go())
+    error, left, gen, version = asyncio.run(go())
     assert "update_weights_from_distributed failed (400)" in str(error) and "no.such.weight" in str(error)
-    assert len(gen.output_ids) == 2 and gen.weight_version == "0"
+    assert left and len(gen.output_ids) == 2 and gen.weight_version == "0" and version == "0"
+
+
+def test_joining_the_group_and_sending_a_bucket_are_never_sent_twice():
+    """The server may have acted on a call whose connection then dropped (joined the group, posted
+    its receives): sent again, it would wait for a broadcast the trainer never repeats. Such calls
+    are sent once and their fault is an error; an idempotent call is still retried."""
+    from aiohttp import web
+
+    calls: list[str] = []
+
+    async def taken_then_dropped(request):
+        calls.append(request.path)
+        if calls.count(request.path) == 1:
+            request.transport.abort()  # the call reached the server; its answer never comes back
+        return web.json_response({"success": True, "message": ""})
+
+    async def go():
+        app = web.Application()
+        for path in (
+            "/init_weights_update_group",
+            "/update_weights_from_distributed",
+            "/begin_weight_update",
+        ):
+            app.router.add_post(path, taken_then_dropped)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        engine = SGLangEngine(url, weight_sync="distributed", retry_deadline_s=10)
+        errors = []
+        for path in ("/init_weights_update_group", "/update_weights_from_distributed"):
+            try:
+                await engine.post_ok(url, path, {}, once=True)
+            except EngineError as e:
+                errors.append(str(e))
+        await engine.post_ok(url, "/begin_weight_update", {})  # retried: the second answer counts
+        await engine.close()
+        await runner.cleanup()
+        return errors
+
+    errors = asyncio.run(go())
+    assert calls == [
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/begin_weight_update",
+        "/begin_weight_update",
+    ]
+    assert len(errors) == 2 and all("not sent again" in e for e in errors)
 
 
 def test_a_broadcast_update_reaches_the_server_and_its_version_is_set(server_url):

@@ -33,7 +33,6 @@ parallel, numerically the PyTorch backend's twin.
 from __future__ import annotations
 
 import atexit
-import copy
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -170,7 +169,8 @@ class MegatronBackend:
         hf_state = {k: v.detach().float().cpu() for k, v in policy.state_dict().items()}
         self.policy = self._gpt(hf_state, value=False)
         self.critic = self._gpt(hf_state, value=True) if critic else None
-        self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if reference else None
+        # Built, not deep-copied: megatron-core's modules hold process groups, which do not copy.
+        self.reference = self._gpt(hf_state, value=False).eval().requires_grad_(False) if reference else None
         self.epochs, self.minibatches = epochs, minibatches
         self.critic_epochs = critic_epochs or epochs
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
@@ -261,7 +261,7 @@ class MegatronBackend:
     @collective
     def reset_reference(self) -> None:
         if self.reference is not None:
-            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            self.reference = self._gpt(self._policy_hf_state(), value=False).eval().requires_grad_(False)
 
     # -- forward passes over packed rows --
     def _hidden(self, model: nn.Module, batch: Batch, rows: list[int]) -> Tensor:

@@ -141,6 +141,35 @@ def test_megatron_matches_the_torch_backend_through_one_ppo_step(kind):
     assert moved > 1e-3  # the step changed the weights by far more than the tolerance
 
 
+def test_a_kl_term_to_the_reference_matches_the_torch_backend():
+    """``algo.kl_coef > 0`` builds a frozen reference: one PPO step moves the policy from it, the
+    next step's KL term and its gradient agree with the torch backend's; after ``reset_reference``
+    the policy is its own reference again."""
+    model = tiny_hf("qwen2")
+    batch = ppo_batch()
+    kl = LossConfig(kl_coef=0.5)
+    results = []
+    for kind in (TorchBackend, MegatronBackend):
+        backend = _backend(kind, copy.deepcopy(model), reference=True)
+        run_step(backend, batch)  # the policy moves; the reference does not
+        step = copy.copy(batch)
+        step.old_logprobs = backend.logprobs(step)
+        step.ref_logprobs = backend.ref_logprobs(step)
+        out = backend.train_actor(step, kl) | {"weights": backend.engine_state_dict()}
+        backend.reset_reference()
+        step.old_logprobs = backend.logprobs(step)
+        step.ref_logprobs = backend.ref_logprobs(step)
+        out["kl_after_reset"] = backend.train_actor(step, kl)["actor/kl_mean"]
+        results.append(out)
+    want, got = results
+    assert want["actor/kl_mean"] > 1e-3
+    for key in ("actor/kl_mean", "actor/policy_loss", "actor/grad_norm"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    for name, w in want["weights"].items():
+        torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=name)
+    assert abs(got["kl_after_reset"]) < 1e-6 and abs(want["kl_after_reset"]) < 1e-6
+
+
 def _saved_bytes(backend: MegatronBackend, batch: Batch) -> int:
     """Bytes the policy's forward pass keeps for its backward pass."""
     total = 0

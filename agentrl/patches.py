@@ -149,7 +149,7 @@ def path_problem(path: str, source_dirs: list[str], hidden_paths: tuple[str, ...
         return "test or build configuration"
     if any(fnmatch.fnmatch(name, p) for p in STARTUP_HOOKS):
         return "a Python start-up hook"
-    if not any(path.startswith(d.rstrip("/") + "/") for d in source_dirs):
+    if not any(path == d or path.startswith(d.rstrip("/") + "/") for d in source_dirs):  # d: a module too
         return f"outside the source directories ({', '.join(source_dirs)})"
     return None
 

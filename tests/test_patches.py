@@ -116,3 +116,14 @@ def test_path_rules():
     assert path_problem("pkg/pyproject.toml", ["pkg"]) == "test or build configuration"
     assert path_problem("/abs/pkg/mod.py", ["pkg"]) == "a path outside the tree"
     assert path_problem("pkg/./mod.py", ["pkg"]) == "a path outside the tree"
+
+
+def test_a_library_of_one_module_keeps_its_edits():
+    """A distribution that is one .py file lists the file itself as its source."""
+    assert path_problem("mod.py", ["mod.py"]) is None
+    assert (
+        path_problem("mod.pyc", ["mod.py"]) is not None and path_problem("other.py", ["mod.py"]) is not None
+    )
+    patch = "diff --git a/mod.py b/mod.py\n--- a/mod.py\n+++ b/mod.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    kept, dropped = filter_patch(patch, ["mod.py"])
+    assert kept == patch and dropped == []

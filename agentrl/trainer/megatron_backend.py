@@ -616,7 +616,7 @@ class MegatronBackend:
             )
         self.policy.load_state_dict(state["policy"])
         self.actor_opt.load_state_dict(state["actor_opt"])
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"].cpu())  # a CPU generator; loaded onto the device
         if not self.sharded:
             self.actor_sched.load_state_dict(state["actor_sched"])
         if self.critic is not None:

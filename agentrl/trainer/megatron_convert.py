@@ -52,6 +52,22 @@ def check_config(hf_config: Any, tp: int) -> None:
     scaling = getattr(hf_config, "rope_scaling", None)
     if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
         raise ValueError(f"RoPE scaling {scaling} is not mapped to Megatron here; use trainer.backend=torch")
+    # What the Megatron model built here (SwiGLU, no linear biases but q/k/v's, full attention) lacks
+    unmapped = [
+        f"hidden_act={act!r} (SwiGLU's silu only)"
+        for act in [getattr(hf_config, "hidden_act", "silu")]
+        if act != "silu"
+    ]
+    if kind == "llama" and getattr(hf_config, "attention_bias", False):
+        unmapped.append("attention_bias=True (the o_proj bias)")
+    if getattr(hf_config, "mlp_bias", False):
+        unmapped.append("mlp_bias=True")
+    if kind == "qwen2" and getattr(hf_config, "use_sliding_window", False):
+        unmapped.append("use_sliding_window=True")
+    if unmapped:
+        raise ValueError(
+            f"the model's {', '.join(unmapped)} is not mapped to Megatron here; use trainer.backend=torch for it"
+        )
 
 
 def _groups(c: Any) -> int:
@@ -115,6 +131,8 @@ def hf_to_megatron(hf: dict[str, Tensor], c: Any, tp: int = 1, rank: int = 0) ->
     """Tensor-parallel rank ``rank``'s share of an HF state dict, under ``GPTModel``'s names."""
     tied = bool(getattr(c, "tie_word_embeddings", False))
     vocab = padded_vocab(c.vocab_size, tp)
+    unused = set(hf) - ({"lm_head.weight"} if tied else set())
+    hf = _Reading(hf, unused)
     out = {
         "embedding.word_embeddings.weight": _rows(
             _pad_vocab(hf["model.embed_tokens.weight"], vocab), tp, rank
@@ -136,7 +154,21 @@ def hf_to_megatron(hf: dict[str, Tensor], c: Any, tp: int = 1, rank: int = 0) ->
         gate, up = hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]
         out[m + "mlp.linear_fc1.weight"] = torch.cat([_rows(gate, tp, rank), _rows(up, tp, rank)])
         out[m + "mlp.linear_fc2.weight"] = _cols(hf[h + "mlp.down_proj.weight"], tp, rank)
+    if unused:  # a weight the Megatron model has no place for: it would compute another function
+        raise ValueError(f"HF weights with no Megatron counterpart: {', '.join(sorted(unused)[:6])}")
     return {k: v.detach().clone() for k, v in out.items()}
+
+
+class _Reading(dict):
+    """The state dict, striking each key it is read by from ``unread``."""
+
+    def __init__(self, state: dict[str, Tensor], unread: set[str]):
+        super().__init__(state)
+        self.unread = unread
+
+    def __getitem__(self, key: str) -> Tensor:
+        self.unread.discard(key)
+        return super().__getitem__(key)
 
 
 def megatron_to_hf(shards: list[dict[str, Tensor]], c: Any) -> dict[str, Tensor]:

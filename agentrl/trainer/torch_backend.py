@@ -520,7 +520,7 @@ class TorchBackend:
         self.policy.load_state_dict(state["policy"])
         self.actor_opt.load_state_dict(state["actor_opt"])
         self.actor_sched.load_state_dict(state["actor_sched"])
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"].cpu())  # a CPU generator; loaded onto the device
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_opt.load_state_dict(state["critic_opt"])

@@ -49,7 +49,7 @@ NOT_SOURCE = ("tests", "test", "testing", "docs", "doc", "examples", "benchmarks
 def source_dirs(tree: Path) -> list[str]:
     """The package directories at the top of ``tree`` (and under ``src/``): what a fix may edit."""
     found = []
-    for base in (tree, tree / "src"):
+    for base in (tree, tree / "src", tree / "lib"):  # lib/: e.g. matplotlib's layout
         if not base.is_dir():
             continue
         for child in sorted(base.iterdir()):
@@ -66,12 +66,18 @@ def source_dirs(tree: Path) -> list[str]:
 # Added lines that reach into the test runner from the package's own source (imported by pytest,
 # so it runs in the test process): patching pytest, its junit writer or its exit code.
 RUNNER_TAMPER = re.compile(
-    r"\b_pytest\b|\bimport\s+pytest\b|\bfrom\s+pytest\b|\bpytest\.|\bos\._exit\b|\bjunitxml\b|PASSED|XFAIL"
+    r"\b_pytest\b|\bimport\s+pytest\b|\bfrom\s+pytest\b|\bpytest\.|\bos\._exit\b|\bjunitxml\b|\bPASSED\b|\bXFAIL"
 )
+RUNNER_PACKAGES = ("_pytest", "pytest")
+"""Where the package is the test runner itself (pytest's own tasks), its source names the runner in
+ordinary fixes: no line there counts as reaching into it."""
 
 
-def runner_tamper(patch: str) -> list[str]:
-    """The added lines of ``patch`` that touch the test runner (empty for an ordinary fix)."""
+def runner_tamper(patch: str, dirs: list[str] = ()) -> list[str]:
+    """The added lines of ``patch`` that touch the test runner (empty for an ordinary fix, and for
+    a fix of the runner itself: ``dirs``, the source directories, name it)."""
+    if any(Path(d).name in RUNNER_PACKAGES for d in dirs):
+        return []
     added = (line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++"))
     return [line.strip()[:200] for line in added if RUNNER_TAMPER.search(line)]
 
@@ -105,7 +111,7 @@ def _filtered(
         "dropped_paths": [f"{p} ({why})" for p, why in dropped],
         "apply_method": None,
     }
-    tamper = runner_tamper(kept)
+    tamper = runner_tamper(kept, dirs)
     if tamper:
         report["runner_tamper"] = tamper
     return kept, report, tamper
@@ -283,7 +289,7 @@ async def grade(
 
 # The package directories of the tree in the current directory (as ``source_dirs`` finds them).
 LIST_SOURCE_DIRS = (
-    'for d in */ src/*/; do d=${d%/}; case "$d" in tests|test|testing|docs|doc|examples|benchmarks|ci) continue;; esac; '
+    'for d in */ src/*/ lib/*/; do d=${d%/}; case "$d" in tests|test|testing|docs|doc|examples|benchmarks|ci) continue;; esac; '
     '[ -f "$d/__init__.py" ] && echo "DIR $d"; done; '
     'for f in *.py; do case "$f" in setup.py|conftest.py|noxfile.py|test*) ;; *) [ -f "$f" ] && echo "DIR $f";; esac; done'
 )

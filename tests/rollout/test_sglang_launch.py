@@ -196,7 +196,8 @@ def test_distributed_sync_with_launched_servers_counts_each_servers_tp_ranks():
     ):
         load_config(TrainConfig, None, [*base, "engine.launch.tp=2", "engine.ranks_per_worker=1"])
     with pytest.raises(
-        ConfigError, match=r"engine.launch.dp=2 with engine.weight_sync=distributed: .*launch.servers=4 with dp 1"
+        ConfigError,
+        match=r"engine.launch.dp=2 with engine.weight_sync=distributed: .*launch.servers=4 with dp 1",
     ):
         load_config(TrainConfig, None, [*base, "engine.launch.dp=2"])
 

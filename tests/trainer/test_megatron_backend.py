@@ -5,6 +5,7 @@ distributed optimizer; HF <-> Megatron conversion bit-exact."""
 from __future__ import annotations
 
 import copy
+from re import escape
 
 import pytest
 import torch
@@ -224,6 +225,32 @@ def test_packed_rows_by_cu_seqlens_match_the_mask_and_keep_no_square_of_the_pack
             torch.testing.assert_close(got["weights"][name], w, atol=1e-5, rtol=0, msg=f"{recompute} {name}")
     with pytest.raises(ValueError, match="attention='thd': use rows or mask"):
         MegatronBackend(copy.deepcopy(model), attention="thd")
+
+
+@pytest.mark.parametrize(
+    "kind, change, named",
+    [
+        ("llama", {"attention_bias": True}, "attention_bias=True"),
+        ("llama", {"mlp_bias": True}, "mlp_bias=True"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window=True"),
+    ],
+)
+def test_an_architecture_the_converter_does_not_map_is_refused_by_name(kind, change, named):
+    """Each of these computes another function in the Megatron model built here (a bias it has no
+    place for, SiLU in place of the model's activation, full attention in place of a window)."""
+    model = tiny_hf(kind)
+    for key, value in change.items():
+        setattr(model.config, key, value)
+    with pytest.raises(ValueError, match=f"the model's {escape(named)}.* is not mapped to Megatron"):
+        MegatronBackend(model)
+
+
+def test_an_hf_weight_with_no_megatron_counterpart_is_refused():
+    model = tiny_hf("llama")
+    hf = dict(model.state_dict(), **{"model.layers.0.self_attn.o_proj.bias": torch.zeros(32)})
+    with pytest.raises(ValueError, match=r"no Megatron counterpart: model.layers.0.self_attn.o_proj.bias"):
+        hf_to_megatron(hf, model.config)
 
 
 def test_bad_sizes_stop_with_the_values_named():

@@ -112,6 +112,12 @@ def test_grading_helpers(dataset):
     assert junit_key("t/test_u.py::test_q[https://[::1]:80/]") == ("t.test_u", "test_q[https://[::1]:80/]")
     assert runner_tamper("+++ b/x.py\n+import _pytest.python\n+x = 1\n") == ["import _pytest.python"]
     assert runner_tamper("+++ b/x.py\n+def add(a, b):\n+    return a + b\n") == []
+    assert runner_tamper("+++ b/x.py\n+STATUS_BYPASSED = 2\n") == []  # a word, not the runner's PASSED
+    assert runner_tamper("+++ b/x.py\n+print('PASSED')\n") == ["print('PASSED')"]
+    # pytest's own tasks: its source names the runner in any fix
+    fix = "+++ b/src/_pytest/x.py\n+from _pytest.compat import getfslineno\n"
+    assert runner_tamper(fix, ["src/_pytest", "src/pytest"]) == []
+    assert runner_tamper(fix, ["src/pkg"]) == ["from _pytest.compat import getfslineno"]
 
 
 # -- the workspace and grading, on both sandboxes --
@@ -259,9 +265,16 @@ def test_partial_credit_is_off_by_default_and_counts_f2p_when_on(dataset):
 
 
 def test_source_dirs_are_the_packages_and_top_level_modules(tmp_path):
+    """The same from the tree (shipped rows) and from the shell listing run in an image row's
+    container: packages at the top, under src/ and under lib/ (matplotlib's layout), and modules."""
+    import subprocess
+
+    from agentrl.envs.swe.grading import LIST_SOURCE_DIRS
+
     for path in (
         "pkg/__init__.py",
         "src/other/__init__.py",
+        "lib/mpl/__init__.py",
         "tests/__init__.py",
         "single.py",
         "setup.py",
@@ -269,7 +282,9 @@ def test_source_dirs_are_the_packages_and_top_level_modules(tmp_path):
     ):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("")
-    assert source_dirs(tmp_path) == ["pkg", "src/other", "single.py"]
+    assert source_dirs(tmp_path) == ["pkg", "src/other", "lib/mpl", "single.py"]
+    listed = subprocess.run(["bash", "-c", LIST_SOURCE_DIRS], cwd=tmp_path, capture_output=True, text=True)
+    assert sorted(line[4:] for line in listed.stdout.splitlines()) == sorted(source_dirs(tmp_path))
 
 
 def test_rows_with_json_string_fields_match_list_fields(dataset):

@@ -12,6 +12,8 @@ whose keyword arguments are checked against the backend's config class.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import dataclasses
 import difflib
@@ -156,7 +158,10 @@ WORKSPACE_SETUP = (
 #   read           the file's bytes on stdout
 #   write, append  the bytes of BASE64, or of stdin when it is absent, into the file (parents made)
 # Exit codes (``file_op_error`` turns them into exceptions): 72 missing, 73 outside the workspace
-# (the resolved path on stdout), 74 a directory, 75 not a regular file, 76/77 cannot create/write.
+# (the resolved path on stdout), 74 a directory, 75 not a regular file, 76/77 cannot create/write,
+# 78 larger than READ_LIMIT (its size on stdout): the bytes would all reach the host's process.
+READ_LIMIT = 16 << 20
+"""Bytes of the largest file the editor reads (``view``, ``str_replace``, ``insert``)."""
 FILE_OPS = r"""
 op=$1 path=$3
 root=$(realpath -e -- "$2") && cd "$root" || exit 70
@@ -167,7 +172,9 @@ read)
     [ -e "$target" ] || exit 72
     [ -d "$target" ] && exit 74
     [ -f "$target" ] || exit 75
-    exec cat -- "$target" ;;
+    size=$(stat -c %s -- "$target") || exit 75
+    [ "$size" -le @READ_LIMIT@ ] || { printf '%s' "$size"; exit 78; }
+    exec head -c @READ_LIMIT@ -- "$target" ;;
 write | append)
     [ -d "$target" ] && exit 74
     mkdir -p -- "${target%/*}" || exit 76
@@ -175,12 +182,16 @@ write | append)
     if [ $# -ge 4 ]; then printf '%s' "$4" | base64 -d >> "$target"; else cat >> "$target"; fi || exit 77 ;;
 *) exit 64 ;;
 esac
-"""
+""".replace("@READ_LIMIT@", str(READ_LIMIT))
+
+
+class FileTooLarge(ValueError):
+    """A file over ``READ_LIMIT`` bytes, which the editor does not read."""
 
 
 def file_op_error(
     code: int, op: str, path: str, workspace: str, stdout: bytes, stderr: bytes
-) -> OSError | None:
+) -> OSError | FileTooLarge | None:
     """The exception for a ``FILE_OPS`` exit code (None for success), worded for the agent to act on."""
     detail = stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
     if code == 0:
@@ -197,6 +208,12 @@ def file_op_error(
         return IsADirectoryError(f"{path} is a directory")
     if code == 75:
         return IsADirectoryError(f"{path} is not a regular file")
+    if code == 78:
+        size = stdout.decode("ascii", errors="replace")
+        return FileTooLarge(
+            f"{path} is {size} bytes, more than the editor reads ({READ_LIMIT >> 20} MiB); "
+            "look at parts of it with bash (head, sed -n, grep)"
+        )
     what = "read" if op == "read" else "create" if code == 76 else "write"
     return PermissionError(f"cannot {what} {path} in the sandbox: {detail[0]}")
 
@@ -213,6 +230,10 @@ def diff_script(base: str, paths: list[str] | None = None) -> str:
     (prefixes, no colour, no renames, no external diff or text conversion, no fsmonitor command)
     and stderr is kept out of it; a patch from here is still untrusted input for the grader
     (``agentrl.patches.filter_patch``).
+
+    The diff is printed in base64 (``read_diff`` decodes it): command output is read as text, and a
+    byte that is not UTF-8 would come back as U+FFFD, so a patch touching a Latin-1 file would no
+    longer apply; and a diff cut by an output limit fails to decode instead of losing its end.
     """
     quoted = " ".join("'" + p.replace("'", "'\\''") + "'" for p in (paths or []))
     return (
@@ -220,9 +241,34 @@ def diff_script(base: str, paths: list[str] | None = None) -> str:
         "{ git -c core.fsmonitor=false read-tree " + base + " && git -c core.fsmonitor=false add -A && "
         "git -c core.fsmonitor=false diff --cached --binary --no-color --no-renames --no-ext-diff "
         "--no-textconv --src-prefix=a/ --dst-prefix=b/ " + base + " -- " + quoted + " "
-        "':(exclude,glob)**/__pycache__/**'; } 2> \"$err\"; rc=$?; "
-        '[ $rc = 0 ] || cat "$err"; rm -f "$idx" "$err"; exit $rc'
+        "':(exclude,glob)**/__pycache__/**'; } 2> \"$err\" | base64 -w0; rc=${PIPESTATUS[0]}; "
+        '[ $rc = 0 ] || { echo; cat "$err"; }; rm -f "$idx" "$err"; exit $rc'
     )
+
+
+DIFF_CAP = 256 * 2**20
+"""Characters of base64 a workspace's diff may take (192 MiB of diff)."""
+
+
+async def read_diff(sandbox: Any, base: str) -> str:
+    """The workspace's ``git diff`` against ``base`` (``diff_script``), byte for byte: bytes that are
+    not UTF-8 are kept as surrogate escapes (``write_file`` writes them back as they were)."""
+    result = await sandbox.exec(diff_script(base), timeout=120, output_cap=DIFF_CAP)
+    if result.exit_code != 0:
+        raise SandboxError(f"git diff in {sandbox.workdir} failed: {result.output.strip()[-500:]}")
+    try:
+        raw = base64.b64decode(result.output.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise SandboxError(
+            f"the diff of {sandbox.workdir} was cut: it is over {DIFF_CAP * 3 // 4 >> 20} MiB, or the "
+            f"sandbox lost part of its output ({len(result.output)} characters came back)"
+        ) from None
+    return raw.decode("utf-8", errors="surrogateescape")
+
+
+def to_bytes(data: bytes | str) -> bytes:
+    """What ``write_file`` writes: text as UTF-8, with ``read_diff``'s surrogate escapes as their bytes."""
+    return data if isinstance(data, bytes) else data.encode("utf-8", errors="surrogateescape")
 
 
 def check_command(cmd: object, timeout: object) -> None:

@@ -66,9 +66,10 @@ from agentrl.sandbox import (
     SandboxError,
     check_command,
     cut_output,
-    diff_script,
     file_op_error,
     join_cut,
+    read_diff,
+    to_bytes,
 )
 from agentrl.sandboxes import _cleanup
 from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE
@@ -857,7 +858,7 @@ class DockerSandbox(AsyncStartClose):
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write a file inside the workspace as the sandbox's user (parents made, mode kept if it exists)."""
         self._require_running()
-        payload = data.encode() if isinstance(data, str) else data
+        payload = to_bytes(data)
         for at in range(0, max(len(payload), 1), WRITE_CHUNK):
             chunk = base64.b64encode(payload[at : at + WRITE_CHUNK]).decode()
             await self._call(self._file_op, "write" if at == 0 else "append", path, chunk)
@@ -895,11 +896,7 @@ class DockerSandbox(AsyncStartClose):
 
     async def diff(self, base: str | None = None) -> str:
         """``git diff`` of the workspace against ``base`` (default: the workspace at start), untracked files included."""
-        base = base or self.base_commit
-        result = await self.exec(diff_script(base), timeout=120, output_cap=256 * 2**20)
-        if result.exit_code != 0:
-            raise SandboxError(f"git diff in {self.workdir} failed: {result.output.strip()[-500:]}")
-        return result.output
+        return await read_diff(self, base or self.base_commit)
 
     async def reset(self) -> bool:
         """Bring a used sandbox back to its state at start; False when it cannot be trusted to be.

@@ -66,9 +66,10 @@ from agentrl.sandbox import (
     ExecResult,
     SandboxError,
     check_command,
-    diff_script,
     file_op_error,
     join_cut,
+    read_diff,
+    to_bytes,
 )
 from agentrl.sandboxes import _cleanup
 from agentrl.sandboxes.docker import parse_size
@@ -698,7 +699,7 @@ class LocalSandbox(AsyncStartClose):
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write a file inside the workspace as the sandbox's user (parents made, mode kept if it exists)."""
-        await self._file_op("write", path, data.encode() if isinstance(data, str) else data)
+        await self._file_op("write", path, to_bytes(data))
 
     async def upload(self, local_path: str, dest: str) -> None:
         """Copy a local file or directory to ``dest`` in the workspace (the environment's own files,
@@ -724,10 +725,7 @@ class LocalSandbox(AsyncStartClose):
             _chown_tree(target, self.uid)
 
     async def diff(self, base: str | None = None) -> str:
-        result = await self.exec(diff_script(base or self.base_commit), timeout=120, output_cap=256 * 2**20)
-        if result.exit_code != 0:
-            raise SandboxError(f"git diff in {self.workdir} failed: {result.output.strip()[-500:]}")
-        return result.output
+        return await read_diff(self, base or self.base_commit)
 
     async def alive(self) -> bool:
         return self._started and not self._closed and Path(self.workdir).is_dir()

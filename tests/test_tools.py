@@ -176,6 +176,64 @@ def test_editor_operations_in_a_sandbox():
     asyncio.run(go())
 
 
+def test_editor_edge_cases_keep_the_file_as_grep_and_git_see_it():
+    """Bytes that are not UTF-8 survive an edit elsewhere in the file; lines are counted at newlines
+    only (a form feed is not a line end); an insert after a last line without its newline does not
+    join the two; a multi-line old_str matches a CRLF file; a file over the read limit is refused
+    without being read; NUL bytes and lone surrogates are errors the agent reads, not exceptions."""
+
+    async def go():
+        async with make_sandbox("local") as sb:
+            tools = CodingTools(sb)
+
+            async def edit(**args):
+                return await tools.run(ToolCall("str_replace_editor", args))
+
+            await sb.write_file("lat.py", b"# caf\xe9\nx = 1\n")
+            r = await edit(command="str_replace", path="lat.py", old_str="x = 1", new_str="x = 2")
+            assert not r.error and await sb.read_file("lat.py") == b"# caf\xe9\nx = 2\n"
+            await sb.write_file("ff.py", b"a = 1  # \x0c page\nb = 2\n")
+            r = await edit(command="view", path="ff.py")
+            assert r.output.count("\n") == 1 and r.output.endswith("     2\tb = 2")
+            r = await edit(command="insert", path="ff.py", insert_line=1, new_str="c = 3")
+            assert await sb.read_file("ff.py") == b"a = 1  # \x0c page\nc = 3\nb = 2\n"
+            await sb.write_file("end.py", b"x = 1")
+            r = await edit(command="insert", path="end.py", insert_line=1, new_str="y = 2")
+            assert not r.error and await sb.read_file("end.py") == b"x = 1\ny = 2\n"
+            await sb.write_file("crlf.py", b"def f():\r\n    return 1\r\n")
+            r = await edit(
+                command="str_replace",
+                path="crlf.py",
+                old_str="def f():\n    return 1",
+                new_str="def f():\n    return 2",
+            )
+            assert not r.error and await sb.read_file("crlf.py") == b"def f():\r\n    return 2\r\n"
+            await tools.run(ToolCall("bash", {"command": "truncate -s 40M big.txt"}))
+            r = await edit(command="view", path="big.txt")
+            assert r.error and "big.txt is 41943040 bytes, more than the editor reads (16 MiB)" in r.output
+            r = await tools.run(ToolCall("bash", {"command": "echo a\x00b"}))
+            assert r.error and "NUL byte" in r.output
+            r = await tools.run(ToolCall("bash", {"command": "echo \ud800"}))
+            assert r.error and "'\\ud800'" in r.output
+            r = await edit(command="create", path="s.py", file_text="x = '\ud800'")
+            assert r.error and "file_text holds '\\ud800'" in r.output
+
+    asyncio.run(go())
+
+
+def test_an_edit_in_a_dead_sandbox_reports_it_as_bash_does():
+    from agentrl.sandbox import SandboxDied
+
+    class Dead:
+        async def read_file(self, path):
+            raise SandboxDied("the container is gone")
+
+    r = asyncio.run(
+        CodingTools(Dead()).run(ToolCall("str_replace_editor", {"command": "view", "path": "a.py"}))
+    )
+    assert r.sandbox_died and r.error and "the container is gone" in r.output
+
+
 @pytest.mark.parametrize("fmt", ["hermes", "glm"])
 def test_calls_past_the_per_turn_limit_become_one_error(fmt):
     render, parse = {"hermes": render_hermes, "glm": render_glm}[fmt], get_parser(fmt)

@@ -45,7 +45,7 @@ from agentrl.envs.bugfix.generator import (
     generate,
 )
 from agentrl.patches import filter_patch
-from agentrl.sandbox import make_sandbox, resolve_kind
+from agentrl.sandbox import make_sandbox, resolve_kind, to_bytes
 from agentrl.tools import CODING_TOOLS, ToolCall, render_hermes
 
 SPLIT_SIZES = {"train": 100_000, "test": 10_000}  # tasks per split (generated on demand)
@@ -234,7 +234,7 @@ class BugfixEnv(CodingEpisodeEnv):
             root = Path(tmp) / "task"
             for path, content in {**self.spec.files, **(extra or {})}.items():
                 (root / path).parent.mkdir(parents=True, exist_ok=True)
-                (root / path).write_text(content)
+                (root / path).write_bytes(to_bytes(content))  # a patch's bytes as the diff gave them
             os.chmod(root, 0o755)
             await sandbox.upload(str(root), sandbox.workdir)
         if not commit:

@@ -239,6 +239,42 @@ def test_files_and_diff(backend, tmp_path):
     run(go())
 
 
+def test_the_diff_keeps_bytes_that_are_not_utf8_and_applies_elsewhere(backend, tmp_path):
+    """A Latin-1 line edited beside another one: the diff comes back byte for byte (read as text it
+    would hold U+FFFD, and no longer apply) and applies in another sandbox's copy of the tree."""
+
+    async def go():
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "pkg" / "lat.py").write_bytes(b"# caf\xe9\nx = 1  # \xe0\n")
+        async with sandbox(backend) as sb:
+            await sb.upload(str(tmp_path / "pkg"), "pkg")
+            await sb.exec("git add -A && git -c user.email=a@b -c user.name=a commit -qm base", timeout=30)
+            base = (await sb.exec("git rev-parse HEAD", timeout=10)).output.strip()
+            await sb.exec("printf '# caf\\351\\nx = 2  # \\340\\n' > pkg/lat.py", timeout=10)
+            patch = await sb.diff(base)
+            assert "\ufffd" not in patch and "-x = 1  # \udce0" in patch and "+x = 2  # \udce0" in patch
+            await sb.exec(f"git reset -q --hard {base}", timeout=10)
+            await sb.write_file("fix.patch", patch)
+            r = await sb.exec("git apply fix.patch && rm fix.patch", timeout=10)
+            assert r.exit_code == 0, r.output
+            assert await sb.read_file("pkg/lat.py") == b"# caf\xe9\nx = 2  # \xe0\n"
+
+    run(go())
+
+
+def test_a_diff_cut_by_the_output_limit_is_an_error_not_a_shorter_patch():
+    from agentrl.sandbox import ExecResult, SandboxError, read_diff
+
+    class Cut:
+        workdir = "/w"
+
+        async def exec(self, cmd, timeout=None, output_cap=None):
+            return ExecResult(0, "ZGlmZiAtLWdpdCBh[agentrl: 12 bytes of output were lost]Yi9j")
+
+    with pytest.raises(SandboxError, match="the diff of /w was cut: it is over 192 MiB"):
+        run(read_diff(Cut(), "HEAD"))
+
+
 def test_file_operations_stay_inside_the_workspace(backend):
     """The tools' file operations resolve paths in the sandbox, symlinks included, and refuse any
     outside the workspace: an error the agent can read, nothing written."""

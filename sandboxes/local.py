@@ -295,6 +295,10 @@ class LocalConfig:
     """Environment variables for every command (on top of a minimal PATH, HOME, LANG)."""
     cgroup: bool = True
     """Use a cgroup of its own for process and memory limits when this process may create one."""
+    hidden_paths: tuple[str, ...] = ()
+    """Host directories commands must not read (with bubblewrap: an empty directory over each, after
+    the Python environment is mounted back, so one inside it is hidden too), besides ``/root``,
+    ``/home`` and the creating process's working directory: e.g. an environment's task data."""
 
     def __post_init__(self):
         if self.isolation not in ("auto", "bwrap", "none"):
@@ -451,6 +455,9 @@ class LocalSandbox(AsyncStartClose):
                 if any(parent.is_relative_to(h) and str(parent) != h for h in hidden):
                     out += ["--perms", "0755", "--dir", str(parent)]
             out += ["--ro-bind", keep, keep]
+        for directory in self.config.hidden_paths:  # after the binds above: inside them too
+            if os.path.isdir(directory) and os.path.realpath(directory) != "/":
+                out += ["--tmpfs", os.path.realpath(directory)]
         out += ["--bind", self.workdir, self.workdir, "--chdir", cwd]
         if self.uid is not None:
             ids = [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]

@@ -137,6 +137,11 @@ class SweEnv(CodingEpisodeEnv):
         config = dict(self.sandbox_config)
         if self.backend == "docker":
             config.setdefault("image", row.image)
+        if self.backend == "local":  # the task file and the sdists (the original source: the fix)
+            data = {str(Path(self.path).parent)} | {
+                str(r.sdist.parent) for r in self.rows.values() if r.sdist
+            }
+            config["hidden_paths"] = tuple(sorted(data | set(config.get("hidden_paths", ()))))
         return make_sandbox(self.backend, **config)
 
     def _new_sandbox(self):

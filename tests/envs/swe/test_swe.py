@@ -252,6 +252,25 @@ def test_a_file_at_a_hidden_path_is_dropped_and_listed(dataset):
     assert grade["dropped_paths"] == ["tests/test_add.py (a hidden test path)"]
 
 
+def test_the_task_data_is_hidden_from_the_agent_wherever_the_run_starts(tmp_path, monkeypatch):
+    """The shipped sdists hold each task's original source, the fix: on the local sandbox they and
+    the task file are hidden from commands, not only when the run starts in the repository."""
+    from agentrl.sandboxes.local import bwrap_works
+
+    if not bwrap_works()[0]:
+        pytest.skip("bubblewrap cannot run here: the local sandbox hides nothing without it")
+    monkeypatch.chdir(tmp_path)  # the creating process's directory is hidden anyway: not the repo's
+    env = SweEnv(sandbox="local")
+    row = next(r for r in env.rows.values() if r.sdist)
+
+    async def go():
+        async with env._sandbox(row) as sb:
+            probe = f"ls {row.sdist.parent} | wc -l; head -c 10 {env.path} 2>/dev/null | wc -c"
+            return (await sb.exec(probe, timeout=30)).output.split()
+
+    assert row.sdist.is_file() and asyncio.run(go()) == ["0", "0"]
+
+
 def test_partial_credit_is_off_by_default_and_counts_f2p_when_on(dataset):
     folder, sha = dataset
     half = "printf 'def add(a, b):\\n    return a + b if a > 0 else a - b\\n' > /dev/null; sed -i 's/return a - b/return a + b if a > 0 else a - b/' mini/ops.py"

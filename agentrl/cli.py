@@ -212,6 +212,13 @@ def _sandbox_gc(args: argparse.Namespace) -> int:
         removed += here
     if reached:
         print(f"{len(removed)} sandbox container(s) removed")
+    if not args.host:  # this machine's local sandboxes: cgroups and workspaces of processes gone
+        from agentrl.sandboxes.local import gc as local_gc
+
+        left = local_gc()
+        for path, reason in left:
+            print(f"removed {path} ({reason})")
+        print(f"{len(left)} local sandbox leftover(s) removed")
     return code
 
 
@@ -562,7 +569,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Debian archive URL for debootstrap (default: $AGENTRL_DEBIAN_MIRROR, else apt's sources)",
     )
     build.set_defaults(func=_sandbox_build)
-    gc = sandbox_commands.add_parser("gc", help="remove sandbox containers whose creating process is gone")
+    gc = sandbox_commands.add_parser(
+        "gc",
+        help="remove sandbox containers, and local sandboxes' cgroups and workspaces, whose creating process is gone",
+    )
     gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox container")
     gc.add_argument("--run", default=None, help="remove every container of this run id")
     gc.add_argument(

@@ -46,6 +46,7 @@ import ctypes
 import fcntl
 import logging
 import os
+import re
 import resource
 import shutil
 import signal
@@ -162,9 +163,12 @@ class Cgroup:
     @classmethod
     def create(cls, pids: int, memory: int) -> Cgroup | None:
         try:
-            return cls(f"agentrl-{os.getpid()}-{uuid.uuid4().hex[:8]}", pids, memory)
+            group = cls(f"agentrl-{os.getpid()}-{uuid.uuid4().hex[:8]}", pids, memory)
         except OSError:
             return None
+        _cleanup.on_exit(_remove_leftovers)
+        _live_cgroups.add(group)
+        return group
 
     def join(self) -> None:
         """Move the calling process in (used in the child before exec)."""
@@ -207,6 +211,46 @@ class Cgroup:
                     break
                 except OSError:
                     time.sleep(0.05)
+        _live_cgroups.discard(self)
+
+
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/memory"))
+LEFTOVER = re.compile(r"agentrl-(?:ws-|tmp-)?(\d+)-")
+"""The names of what a local sandbox makes on the host (its cgroups, workspace and TMPDIR), with the
+pid of the process that made it."""
+
+
+def gc(temp_dir: str | None = None) -> list[tuple[str, str]]:
+    """Remove the local sandboxes' cgroups and workspace directories whose creating process is gone
+    (``kill -9``); returns ``(path, reason)`` per removal."""
+    removed = []
+    candidates = [d for root in CGROUP_ROOTS if root.is_dir() for d in root.glob("agentrl-*")]
+    candidates += Path(temp_dir or tempfile.gettempdir()).glob("agentrl-[wt][sm]*-*")
+    for path in sorted(candidates):
+        match = LEFTOVER.match(path.name)
+        if not match or not path.is_dir() or _alive(int(match.group(1))):
+            continue
+        if path.is_relative_to("/sys/fs/cgroup"):
+            group = Cgroup.__new__(Cgroup)
+            group.dirs = [path]
+            group.remove()
+            gone = not path.exists()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            gone = not path.exists()
+        if gone:
+            removed.append((str(path), f"its process {match.group(1)} is gone"))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class HostUid:
@@ -314,10 +358,13 @@ class LocalConfig:
 
 
 _live_workdirs: set[str] = set()  # workspaces (and TMPDIRs) this process made and has not removed yet
+_live_cgroups: set[Cgroup] = set()  # the same for cgroups
 
 
-def _remove_live_workdirs() -> None:
-    """At exit or on SIGINT/SIGTERM: the workspace directories ``close()`` did not get to."""
+def _remove_leftovers() -> None:
+    """At exit or on SIGINT/SIGTERM: the cgroups and workspace directories ``close()`` did not get to."""
+    for group in list(_live_cgroups):
+        group.remove()
     for path in list(_live_workdirs):
         shutil.rmtree(path, ignore_errors=True)
         _live_workdirs.discard(path)
@@ -384,16 +431,16 @@ class LocalSandbox(AsyncStartClose):
                 path = Path(cfg.workdir).resolve()
                 path.mkdir(parents=True, exist_ok=True)
             else:
-                _cleanup.on_exit(_remove_live_workdirs)
-                path = Path(tempfile.mkdtemp(prefix="agentrl-ws-"))
+                _cleanup.on_exit(_remove_leftovers)
+                path = Path(tempfile.mkdtemp(prefix=f"agentrl-ws-{os.getpid()}-"))
                 _live_workdirs.add(str(path))
                 self._own_workdir = True
             self.workdir = str(path)
             if self.uid is not None:
                 _chown_tree(path, self.uid)
             if not self._bwrap:  # the host's /tmp is shared: each sandbox gets its own TMPDIR
-                _cleanup.on_exit(_remove_live_workdirs)
-                self._tmpdir = tempfile.mkdtemp(prefix="agentrl-tmp-")
+                _cleanup.on_exit(_remove_leftovers)
+                self._tmpdir = tempfile.mkdtemp(prefix=f"agentrl-tmp-{os.getpid()}-")
                 _live_workdirs.add(self._tmpdir)
                 if self.uid is not None:
                     os.chown(self._tmpdir, self.uid, self.uid)

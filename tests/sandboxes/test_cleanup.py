@@ -1,5 +1,5 @@
-"""Containers and local workspaces are removed on SIGTERM/SIGINT; after kill -9, `agentrl sandbox gc`
-removes the containers."""
+"""Containers and local workspaces and cgroups are removed on SIGTERM/SIGINT; after kill -9,
+`agentrl sandbox gc` removes them."""
 
 import os
 import signal
@@ -51,14 +51,46 @@ def test_signal_removes_the_containers(signum):
     assert containers_of(child.pid) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_removes_the_local_workspace(signum):
+def cgroups_of(pid: int) -> list:
+    from agentrl.sandboxes.local import CGROUP_ROOTS
+
+    return [d for root in CGROUP_ROOTS if root.is_dir() for d in root.glob(f"agentrl-{pid}-*")]
+
+
+def start_local_child():
     child = subprocess.Popen([sys.executable, "-c", CHILD, "local"], stdout=subprocess.PIPE, text=True)
     ready, workdir = child.stdout.readline().split()
-    assert ready == "ready" and os.path.isdir(workdir)
+    if not (ready == "ready" and os.path.isdir(workdir) and f"agentrl-ws-{child.pid}-" in workdir):
+        child.kill()
+        pytest.fail(f"the child did not start its sandbox as expected: {ready} {workdir}")
+    return child, workdir
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_removes_the_local_workspace_and_cgroup(signum):
+    from agentrl.sandboxes.local import Cgroup
+
+    child, workdir = start_local_child()
+    made = cgroups_of(child.pid)  # none where this process may not make cgroups
+    probe = Cgroup.create(8, 1 << 20)
+    if probe is not None:
+        probe.remove()
+        assert made, "a cgroup could be made here, but the sandbox has none"
     child.send_signal(signum)
     child.wait(timeout=60)
-    assert not os.path.exists(workdir)
+    assert not os.path.exists(workdir) and cgroups_of(child.pid) == []
+
+
+def test_kill_9_then_gc_removes_the_local_workspace_and_cgroup(capsys):
+    child, workdir = start_local_child()
+    made = cgroups_of(child.pid)
+    child.kill()
+    child.wait(timeout=30)
+    assert os.path.isdir(workdir) and cgroups_of(child.pid) == made  # nothing in the process could run
+    main(["sandbox", "gc"])  # whether or not a Docker daemon answers, the local leftovers go
+    out = capsys.readouterr().out
+    assert f"removed {workdir} (its process {child.pid} is gone)" in out
+    assert not os.path.exists(workdir) and cgroups_of(child.pid) == []
 
 
 def test_kill_9_then_gc_leaves_nothing(capsys):

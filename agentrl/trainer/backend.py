@@ -124,6 +124,83 @@ def actor_objective(
     return value, metrics
 
 
+def critic_objective(
+    values: Tensor, sub: Batch, loss: LossConfig, device: torch.device
+) -> tuple[Tensor, dict[str, float]]:
+    """The value model's loss on one micro-batch ``sub`` (its rows' values, ``[b, T]``); metrics
+    ``value_loss`` and ``value_loss``'s own, with the sums ``PartMetrics`` needs for the minibatch's
+    explained variance (``_ev_*``)."""
+    from agentrl.algo import value_loss
+
+    mask = sub.loss_mask.to(device)
+    returns = sub.returns.to(device)
+    value, metrics = value_loss(values, sub.old_values.to(device), returns, mask, clip=loss.value_clip)
+    metrics["value_loss"] = float(value.detach())
+    with torch.no_grad():  # 1 - Var(R - V) / Var(R) over every token of the minibatch, from sums
+        r = returns[mask.bool()].double()
+        d = r - values.detach()[mask.bool()].double()
+        metrics |= {
+            "_ev_n": float(r.numel()),
+            "_ev_r": float(r.sum()),
+            "_ev_r2": float((r * r).sum()),
+            "_ev_d": float(d.sum()),
+            "_ev_d2": float((d * d).sum()),
+        }
+    return value, metrics
+
+
+class PartMetrics:
+    """A minibatch's metrics from those of its parts (micro-batches, data-parallel ranks), as if
+    computed on the whole minibatch, whatever the packing: a ``*_loss`` weighed by each part's share
+    of the minibatch's loss (the parts sum to its loss), a ``*_min`` / ``*_max`` as the least /
+    greatest, ``value_explained_var`` from the parts' sums (``_ev_*``), and the rest (means and
+    fractions over trainable tokens) weighed by each part's trainable tokens."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float], share: float, tokens: int) -> None:
+        part = {"_tokens": float(tokens)}
+        for k, v in metrics.items():
+            if k.startswith("_") or k.endswith(("_min", "_max")):
+                part[k] = v
+            elif k.endswith("_loss"):
+                part[k] = v * share
+            else:
+                part[k] = v * tokens
+        self.merge(part)
+
+    def merge(self, other: dict[str, float]) -> None:
+        """Take in another part's ``state`` (a data-parallel rank's)."""
+        for k, v in other.items():
+            if k not in self.state:
+                self.state[k] = v
+            elif k.endswith("_min"):
+                self.state[k] = min(self.state[k], v)
+            elif k.endswith("_max"):
+                self.state[k] = max(self.state[k], v)
+            else:
+                self.state[k] += v
+
+    def result(self) -> dict[str, float]:
+        s = self.state
+        tokens = s.get("_tokens", 0.0)
+        out = {}
+        for k, v in s.items():
+            if k.startswith("_"):
+                continue
+            if k.endswith(("_min", "_max", "_loss")):
+                out[k] = v
+            else:
+                out[k] = v / tokens if tokens else 0.0
+        if "value_explained_var" in out and s.get("_ev_n", 0.0) >= 2:
+            n = s["_ev_n"]
+            var_r = s["_ev_r2"] / n - (s["_ev_r"] / n) ** 2
+            var_d = s["_ev_d2"] / n - (s["_ev_d"] / n) ** 2
+            out["value_explained_var"] = 1.0 - var_d / var_r if var_r > 1e-8 else 0.0
+        return out
+
+
 @runtime_checkable
 class TrainBackend(Protocol):
     """What the PPO loop and the warm start need from a training backend (``trainer.backend`` names

@@ -41,8 +41,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from agentrl.algo import value_loss
-from agentrl.trainer.backend import Batch, LossConfig, actor_agg, actor_objective
+from agentrl.trainer.backend import (
+    Batch,
+    LossConfig,
+    PartMetrics,
+    actor_agg,
+    actor_objective,
+    critic_objective,
+)
 from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megatron, megatron_to_hf, to_stage
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
 from agentrl.trainer.megatron_optim import DistributedAdam
@@ -421,15 +427,14 @@ class MegatronBackend:
                     continue
                 live = [r for r in rows if trainable[r]]
                 mine = live[self.dp_rank :: self.dp]  # this data-parallel rank's rows
-                metrics: dict[str, float] = {}
+                parts = PartMetrics()
                 for micro in pack(lengths, mine, self.budget):
                     share = share_fn(micro) / total
                     result = loss_fn(micro)
                     if result is not None:  # the last pipeline stage: the loss
                         loss, m = result
                         (loss * share).backward()
-                        for k, v in m.items():
-                            metrics[k] = metrics.get(k, 0.0) + v * share
+                        parts.add(m, share, int(batch.loss_mask[micro].sum()))
                     else:  # an earlier stage: the next stage's gradient of this one's output
                         grad = torch.empty(self._stage_output.shape, device=self.device)
                         dist.recv(grad, src=self.next_rank)
@@ -437,7 +442,8 @@ class MegatronBackend:
                     if not self.first:
                         dist.send(self._stage_input.grad.float().contiguous(), dst=self.prev_rank)
                 if self.dp > 1:  # the distributed optimizer reduce-scatters the gradients itself
-                    self._dp_sum([] if sharded else params, metrics)
+                    self._dp_sum([] if sharded else params, parts)
+                metrics = parts.result()
                 if self.pp > 1:
                     metrics = self._pipeline_sync(params, metrics, gradient)
                 if sharded:  # clips with the norm it computes as _grad_norm_and_clip does
@@ -461,14 +467,15 @@ class MegatronBackend:
         dist.broadcast_object_list(box, src=self.last_rank, group=self.pp_group)
         return box[0]
 
-    def _dp_sum(self, params: list[Tensor], metrics: dict[str, float]) -> None:
-        """Sum gradients and weighted metrics over data-parallel ranks (each holds its rows' shares)."""
+    def _dp_sum(self, params: list[Tensor], parts: PartMetrics) -> None:
+        """Sum gradients over data-parallel ranks, and merge their metrics (each holds its rows')."""
         for p in params:
             dist.all_reduce(_grad(p), group=self.dp_group)
         gathered: list[dict[str, float]] = [{} for _ in range(self.dp)]
-        dist.all_gather_object(gathered, metrics, group=self.dp_group)
-        for k in sorted({k for g in gathered for k in g}):
-            metrics[k] = sum(g.get(k, 0.0) for g in gathered)
+        dist.all_gather_object(gathered, parts.state, group=self.dp_group)
+        parts.state = {}
+        for state in gathered:
+            parts.merge(state)
 
     def _share(self, batch: Batch, agg: str):
         if agg == "token-mean":
@@ -504,18 +511,7 @@ class MegatronBackend:
 
         def loss_fn(micro: list[int]):
             v = self._row_values(batch, micro)
-            if v is None:
-                return None
-            sub = batch.rows(micro)
-            value, metrics = value_loss(
-                v,
-                sub.old_values.to(device),
-                sub.returns.to(device),
-                sub.loss_mask.to(device),
-                clip=loss.value_clip,
-            )
-            metrics["value_loss"] = float(value.detach())
-            return value, metrics
+            return None if v is None else critic_objective(v, batch.rows(micro), loss, device)
 
         history = self._step(
             self.critic_opt,

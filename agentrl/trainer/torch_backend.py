@@ -29,8 +29,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from agentrl.algo import token_logprobs, value_loss
-from agentrl.trainer.backend import Batch, LossConfig, actor_agg, actor_objective
+from agentrl.algo import token_logprobs
+from agentrl.trainer.backend import (
+    Batch,
+    LossConfig,
+    PartMetrics,
+    actor_agg,
+    actor_objective,
+    critic_objective,
+)
 
 
 def _backbone(model: nn.Module) -> nn.Module:
@@ -400,17 +407,17 @@ class TorchBackend:
             for rows in self._minibatches(batch, minibatches):
                 opt.zero_grad(set_to_none=True)
                 total = share_fn(rows)
-                metrics: dict[str, float] = {}
                 if total == 0:
                     continue
+                parts = PartMetrics()
                 # a row with no trainable token adds no gradient and no share: no forward for it
                 live = [r for r in rows if trainable[r]]
                 for micro in self._group(lengths, live, self.budget):
                     loss, m = loss_fn(micro)
                     share = share_fn(micro) / total
                     (loss * share).backward()
-                    for k, v in m.items():
-                        metrics[k] = metrics.get(k, 0.0) + v * share
+                    parts.add(m, share, int(batch.loss_mask[micro].sum()))
+                metrics = parts.result()
                 params = [p for group in opt.param_groups for p in group["params"]]
                 metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
                 opt.step()
@@ -449,17 +456,7 @@ class TorchBackend:
         device = self.device
 
         def loss_fn(micro: list[int]):
-            v = self._row_values(batch, micro)
-            sub = batch.rows(micro)
-            value, metrics = value_loss(
-                v,
-                sub.old_values.to(device),
-                sub.returns.to(device),
-                sub.loss_mask.to(device),
-                clip=loss.value_clip,
-            )
-            metrics["value_loss"] = float(value.detach())
-            return value, metrics
+            return critic_objective(self._row_values(batch, micro), batch.rows(micro), loss, device)
 
         history = self._step(
             self.critic,

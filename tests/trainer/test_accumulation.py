@@ -80,3 +80,50 @@ def test_the_critic_accumulates_to_the_whole_minibatch_too():
             backend, lambda b=backend, x=batch: b.train_critic(x, LossConfig()), backend.critic
         )
     same(grads[1], grads[10_000])
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_the_logged_metrics_are_the_whole_minibatchs_whatever_the_packing(agg):
+    """Fractions and means over tokens, minima and maxima, and the explained variance are those of
+    the whole minibatch, not of micro-batches weighed by their share of the loss: the same for one
+    micro-batch and for one per row, under either aggregation."""
+    from agentrl.algo import explained_variance
+
+    model, _ = tiny_chat_model(seed=9)
+    logged = {}
+    for budget in (10_000, 1):
+        batch, noise = prepared_batch()
+        backend = TorchBackend(copy.deepcopy(model), micro_token_budget=budget, grad_clip=1e9)
+        torch.manual_seed(0)
+        torch.nn.init.normal_(backend.critic.head.weight, std=0.5)
+        logp = backend.logprobs(batch)
+        batch.old_logprobs = torch.where(batch.loss_mask, logp + noise(), 0.0)
+        keep = torch.rand(batch.loss_mask.shape, generator=torch.Generator().manual_seed(2)) > 0.3
+        batch.token_weights = torch.where(batch.loss_mask & keep, 1.0, 0.0)  # IcePop drops about 30 %
+        values = backend.values(batch)
+        batch.old_values = torch.where(batch.loss_mask, values, 0.0)
+        for opt in (backend.actor_opt, backend.critic_opt):
+            opt.step = lambda *a, **k: None  # the weights the metrics are measured at stay put
+        logged[budget] = backend.train_critic(batch, LossConfig()) | backend.train_actor(
+            batch, LossConfig(agg=agg)
+        )
+    one, per_row = logged[10_000], logged[1]
+    mask = batch.loss_mask
+    ratio = torch.exp(logp - batch.old_logprobs)[mask]
+    whole = {
+        "actor/icepop_masked_frac": float((mask & ~keep).sum() / mask.sum()),
+        "actor/ratio_min": float(ratio.min()),
+        "actor/ratio_max": float(ratio.max()),
+        "critic/value_explained_var": explained_variance(values, batch.returns, mask),
+    }
+    for key, want in whole.items():
+        assert one[key] == pytest.approx(want, rel=1e-4, abs=1e-6), key
+        assert per_row[key] == pytest.approx(want, rel=1e-4, abs=1e-6), key
+    for key in (
+        "actor/entropy",
+        "actor/approx_kl",
+        "actor/clip_frac",
+        "critic/value_mean",
+        "actor/policy_loss",
+    ):
+        assert per_row[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key

@@ -49,6 +49,8 @@ from agentrl.rollout.sglang_api import (
 )
 
 RETRY_STATUSES = (502, 503, 504)
+HEALTH_WAIT_S = 20.0
+"""How long SGLang's ``/health`` waits for its scheduler to answer (``SGLANG_HEALTH_CHECK_TIMEOUT``)."""
 """Answers of a proxy or router whose upstream is restarting or overloaded: worth another try."""
 
 
@@ -258,6 +260,8 @@ class SGLangEngine:
                     url = item.get("url") if isinstance(item, dict) else item
                     if isinstance(url, str) and url.startswith("http"):
                         found.append(url.rstrip("/"))
+            elif status == 0 or status >= 500:  # no answer yet (a router still starting): ask again next time
+                return [self.url]
             self.abort_urls = found or [self.url]
         return self.abort_urls
 
@@ -343,8 +347,13 @@ class SGLangEngine:
         await asyncio.gather(*(self.post_ok(url, path, body) for url in await self.workers()))
 
     async def health(self) -> bool:
+        """Whether the server answers ``/health`` with 200. SGLang's generates one token there and
+        waits up to ``HEALTH_WAIT_S`` for the scheduler (at least a second): a busy server is slow
+        to answer, not down."""
         try:
-            status, _ = await self._once("GET", f"{self.url}/health", None, self.connect_timeout_s)
+            status, _ = await self._once(
+                "GET", f"{self.url}/health", None, self.connect_timeout_s + HEALTH_WAIT_S
+            )
         except _Retry:
             return False
         return status == 200

@@ -161,3 +161,62 @@ def test_past_the_deadline_health_decides_whether_the_error_is_transient(tiny):
     assert not down.transient and "does not answer /health: it is down" in str(down)
     assert engine.stats["retries"]["http_503"] >= 1 and dead.stats["retries"]["connection"] >= 1
     assert engine.stats["failed"] == dead.stats["failed"] == 1
+
+
+def test_a_health_check_that_takes_seconds_is_not_a_down_server():
+    """SGLang's /health generates one token and polls its scheduler once a second: a live server
+    takes a second or more to answer, longer than a connection may take to open."""
+    from aiohttp import web
+
+    async def slow_health(request):
+        await asyncio.sleep(1.2)
+        return web.Response(status=200)
+
+    async def go():
+        app = web.Application()
+        app.router.add_get("/health", slow_health)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        engine = SGLangEngine(f"http://127.0.0.1:{port}", connect_timeout_s=0.5)
+        try:
+            return await engine.health()
+        finally:
+            await engine.close()
+            await runner.cleanup()
+
+    assert asyncio.run(go()) is True
+
+
+def test_a_router_not_ready_to_list_its_workers_is_asked_again():
+    """A failed GET /workers (a router still starting) is not taken as "no router": the next call
+    asks again, and a list once read is kept; a 404 (a plain server) is final."""
+    from aiohttp import web
+
+    answers = [web.Response(status=503), None]
+
+    async def list_workers(request):
+        answer = answers.pop(0) if answers else None
+        return answer or web.json_response({"workers": [{"url": "http://w1:1"}, {"url": "http://w2:2/"}]})
+
+    async def go():
+        app = web.Application()
+        app.router.add_get("/workers", list_workers)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        router, plain = SGLangEngine(url), SGLangEngine(f"{url}/not-a-router")
+        try:
+            seen = [await router.workers() for _ in range(3)] + [await plain.workers()]
+            return url, seen, plain.abort_urls
+        finally:
+            await router.close()
+            await plain.close()
+            await runner.cleanup()
+
+    url, seen, plain_cached = asyncio.run(go())
+    assert seen[0] == [url] and seen[1] == seen[2] == ["http://w1:1", "http://w2:2"]
+    assert seen[3] == plain_cached == [f"{url}/not-a-router"]

@@ -39,11 +39,13 @@ record, never a shard's records all at once.
 from __future__ import annotations
 
 import fcntl
+import glob
 import gzip
 import itertools
 import json
 import logging
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -155,8 +157,11 @@ class TrajectoryStore:
 
     # -- writing --
     def _shards(self, writer: str | None = None) -> list[Path]:
-        pattern = f"{writer}-*.jsonl.gz" if writer else "*.jsonl.gz"
-        return sorted(self.path.glob(pattern))
+        if writer is None:
+            return sorted(self.path.glob("*.jsonl.gz"))
+        # exactly WRITER-NNNNN: writer "w" must not take writer "w-1"'s shards for its own
+        own = re.compile(re.escape(writer) + r"-\d+\.jsonl\.gz")
+        return sorted(p for p in self.path.glob(f"{glob.escape(writer)}-*.jsonl.gz") if own.fullmatch(p.name))
 
     def _open_for_append(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

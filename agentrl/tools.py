@@ -16,6 +16,7 @@ Formats (chosen per model in config, ``PARSERS[name]``):
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -246,10 +247,29 @@ def _json_error(text: str, e: json.JSONDecodeError) -> str:
     return f"invalid JSON ({e.msg} at line {e.lineno} column {e.colno}, near {snippet!r})"
 
 
+class _NotFinite(ValueError):
+    pass
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise _NotFinite(name)
+
+
 def _loads(text: str) -> tuple[Any, str | None]:
-    """``json.loads(text)`` and None, or None and what is wrong with the JSON; never raises."""
+    """``json.loads(text)`` and None, or None and what is wrong with the JSON; never raises. NaN,
+    Infinity and numbers beyond a float's range are wrong too: no tool takes them, and a
+    trajectory holding one could not be stored as JSON."""
     try:
-        return json.loads(text), None
+        return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant), None
+    except _NotFinite as e:
+        return None, f"invalid JSON (the number {str(e)[:40]!r} is not finite); write a finite number"
     except json.JSONDecodeError as e:
         return None, _json_error(text, e)
     except RecursionError:

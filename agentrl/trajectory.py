@@ -34,6 +34,21 @@ class TrajectoryError(ValueError):
     """A trajectory breaks one of its invariants; the message names the index that breaks it."""
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float in it replaced by None (JSON has neither): the
+    free-form fields (messages, tool calls, extras: an env's grading report, a task's data) may hold
+    one, and a trajectory must still be stored. The same object when there is none."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        items = {k: finite(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    if isinstance(value, list | tuple):
+        items = [finite(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
+
+
 @dataclass
 class TurnSpan:
     """Tokens ``[start, end)`` of ``input_ids`` and who produced them."""
@@ -146,7 +161,10 @@ class Trajectory:
 
     def to_json(self) -> str:
         """JSON text; floats are written with ``repr`` precision, so ``from_json`` gives back equal values."""
-        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+        record = self.to_dict()
+        for name in self._JSON_FIELDS:
+            record[name] = finite(record[name])
+        return json.dumps(record, allow_nan=False, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Trajectory:
@@ -159,7 +177,7 @@ class Trajectory:
     def to_record(self) -> dict[str, Any]:
         record = self.to_dict()
         for name in self._JSON_FIELDS:
-            record[name] = json.dumps(record[name], allow_nan=False, separators=(",", ":"))
+            record[name] = json.dumps(finite(record[name]), allow_nan=False, separators=(",", ":"))
         return record
 
     @classmethod

@@ -54,6 +54,11 @@ def test_hermes_several_calls_nested_quotes_and_newlines():
             '{"name": "str_replace_editor", "arguments": {"command": "delete", "path": "a"}}',
             "must be one of ['view'",
         ),
+        (
+            '{"name": "str_replace_editor", "arguments": {"command": "view", "path": "a", "view_range": [1, 1e999]}}',
+            "the number '1e999' is not finite",
+        ),
+        ('{"name": "bash", "arguments": {"command": "ls", "n": NaN}}', "the number 'NaN' is not finite"),
     ],
 )
 def test_hermes_malformed_calls_become_errors(body, error):

@@ -173,6 +173,35 @@ def test_one_writer_per_name(tmp_path):
     assert sorted(t.seed for t in TrajectoryStore(tmp_path / "s").read()) == [0, 2]
 
 
+def test_a_writer_named_as_the_prefix_of_another_keeps_to_its_own_shards(tmp_path):
+    """Writer "w"'s shards are w-NNNNN only: it neither appends to writer "w-1"'s shard nor takes a
+    record that writer has half written for damage to repair."""
+    other = TrajectoryStore(tmp_path / "s", writer="w-1")
+    other.append(sample(1))
+    other.close()
+    shard = tmp_path / "s" / "w-1-00000.jsonl.gz"
+    with open(shard, "ab") as f:
+        f.write(gzip.compress(b'{"torn": ')[:12])  # the other writer's record in flight
+    before = shard.read_bytes()
+    mine = TrajectoryStore(tmp_path / "s", writer="w")
+    mine.append(sample(2))
+    mine.close()
+    assert shard.read_bytes() == before and (tmp_path / "s" / "w-00000.jsonl.gz").is_file()
+    assert not list((tmp_path / "s").glob("*.corrupt*"))
+
+
+def test_values_json_cannot_hold_are_stored_as_null_not_a_lost_run(tmp_path):
+    """An env's grading report or a task's data may hold NaN or infinity; the trajectory is still
+    stored (as null there), and read back."""
+    t = sample(0)
+    t.extra["grade"] = {"score": float("nan"), "bounds": [0.0, float("inf")]}
+    with TrajectoryStore(tmp_path / "s") as store:
+        store.append(t)
+    (back,) = TrajectoryStore(tmp_path / "s").read()
+    assert back.extra["grade"] == {"score": None, "bounds": [0.0, None]}
+    assert json.loads(t.to_json())["extra"]["grade"]["score"] is None
+
+
 # -- damaged shards: every intact record survives reading and a later append; no byte is deleted --
 
 

@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -113,6 +114,11 @@ class _Renderer:
                 "the tokenizer has no eos token; set LoopConfig.end_of_turn to the end-of-turn token"
             )
         self.eot_id = tokenizer.convert_tokens_to_ids(self.eot)
+        if self.eot_id is None or self.encode(self.eot) != [self.eot_id]:
+            raise ValueError(
+                f"loop.end_of_turn={self.eot!r} is not one token of the tokenizer (it encodes as "
+                f"{self.encode(self.eot)}); name the token that ends an assistant turn"
+            )
         # A fixed short conversation that ends with an assistant turn: the text the template puts
         # after that turn's end-of-turn token is the "glue" before the next messages.
         self._base = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
@@ -130,6 +136,8 @@ class _Renderer:
         )
 
     def encode(self, text: str) -> list[int]:
+        if _SURROGATE.search(text):  # a lone surrogate (from a call's JSON, echoed back) cannot be encoded
+            text = _SURROGATE.sub("\ufffd", text)
         return self.tok.encode(text, add_special_tokens=False)
 
     def prompt(self, messages, tools) -> list[int]:
@@ -162,8 +170,29 @@ class _Renderer:
         return ([] if after_eot else [self.eot_id]) + self.encode(suffix)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class DeadlinePassed(Exception):
+    """The episode's deadline passed during one of its calls (status ``timeout``). Not a
+    ``TimeoutError``: one raised by an env or engine is that component's failure, not the policy's."""
+
+
+async def _within(awaitable, budget_s: float):
+    """``await awaitable`` in the episode's time left: ``DeadlinePassed`` when it runs out. (Not
+    ``asyncio.wait_for``: on Python 3.11 it drops a cancellation that arrives as the call ends.)"""
+    timeout = asyncio.timeout(max(budget_s, 0.001))
+    try:
+        async with timeout:
+            return await awaitable
+    except TimeoutError:
+        if timeout.expired():
+            raise DeadlinePassed from None
+        raise
+
+
 def _transient(e: BaseException) -> bool:
-    # Not TimeoutError: that is the episode's deadline, which a retry cannot meet.
+    # Not DeadlinePassed: the episode's deadline, which a retry cannot meet.
     return (isinstance(e, EngineError) and e.transient) or isinstance(e, ConnectionError)
 
 
@@ -185,9 +214,11 @@ async def _generate(engine: Engine, input_ids: list[int], params: SamplingParams
     """One engine call under the episode's deadline; any failure of the engine becomes an EngineError."""
     try:
         # The live list, not a copy: copying would cost O(history) per turn. Engines must not mutate it.
-        return await asyncio.wait_for(engine.generate(input_ids, params), max(budget_s, 0.001))
-    except (EngineError, TimeoutError, asyncio.CancelledError):
+        return await _within(engine.generate(input_ids, params), budget_s)
+    except (EngineError, DeadlinePassed, asyncio.CancelledError):
         raise
+    except TimeoutError as e:  # the engine's own, not the episode's deadline
+        raise EngineError(f"the engine timed out: {e or 'TimeoutError'}", transient=True) from e
     except ConnectionError as e:
         raise EngineError(f"engine unreachable: {e}", transient=True) from e
     except Exception as e:
@@ -266,7 +297,7 @@ async def run_episode(
         "engine_retries": 0,
         "reset_retries": 0,
     }
-    status, reward, graded = None, 0.0, False
+    status, reward, graded, started = None, 0.0, False, False
 
     def append(ids: list[int], role: str, logprobs: list[float] | None = None) -> None:
         n = len(traj.input_ids)
@@ -280,12 +311,13 @@ async def run_episode(
 
     try:
         obs = await _with_retries(
-            lambda: asyncio.wait_for(env.reset(task), max(left(), 0.001)),
+            lambda: _within(env.reset(task), left()),
             retry_on=lambda e: isinstance(e, SandboxError | ConnectionError),
             attempts=cfg.reset_retries,
             counters=counters,
             key="reset_retries",
         )
+        started = True
         tools = obs.tools
         traj.messages = list(obs.messages)
         append(render.prompt(obs.messages, tools), "prompt")
@@ -348,7 +380,7 @@ async def run_episode(
                 if getattr(env, "reads_text", False)
                 else env.step(parsed.calls)
             )
-            result = await asyncio.wait_for(step, max(left(), 0.001))
+            result = await _within(step, left())
             traj.timings.append({"generate_s": generate_s, "tool_s": time.monotonic() - t1})
             for call in result.info.get("tool_calls", []):
                 traj.tool_calls.append({"turn": turn - 1, **call})
@@ -364,8 +396,14 @@ async def run_episode(
                 status = "truncated_context"  # no room to answer the observation: do not append half of it
                 break
             append(obs_ids, "tool")
-    except TimeoutError:
-        status = "timeout"
+    except DeadlinePassed:
+        if started:
+            status = "timeout"
+        else:  # no prompt yet: the env was too slow to start, nothing the policy did
+            status = "env_error"
+            traj.extra["error"] = (
+                f"reset() did not finish within the episode's deadline ({cfg.deadline_s:g}s)"
+            )
     except EngineError as e:
         status = "engine_error"
         traj.extra["error"] = f"{type(e).__name__}: {e}"
@@ -380,17 +418,26 @@ async def run_episode(
         traj.extra["error"] = f"{type(e).__name__}: {e}"
         log.warning("episode %s/%s ended with env_error: %s", traj.env_id, task.id, e)
     finally:
-        if status in ("max_turns", "truncated_context", "timeout") and cfg.grade_on_truncation and not graded:
+        try:
+            cut = status in ("max_turns", "truncated_context", "timeout")
             grade = getattr(env, "grade", None)
-            if grade is not None:
+            if cut and started and cfg.grade_on_truncation and not graded and grade is not None:
                 try:
                     reward = _env_reward(await asyncio.shield(asyncio.wait_for(grade(), 300)), "grade()")
+                except asyncio.CancelledError:  # the run is stopping: the episode ends unrewarded
+                    status = "aborted"
+                    if (current := asyncio.current_task()) is not None:
+                        current.uncancel()
                 except Exception as e:
                     traj.extra["grade_error"] = f"{type(e).__name__}: {e}"
-        try:
-            await asyncio.shield(env.close())
-        except Exception as e:
-            traj.extra["close_error"] = f"{type(e).__name__}: {e}"
+        finally:  # whatever grading raised, the env (its sandbox) is closed
+            try:
+                await asyncio.shield(env.close())
+            except asyncio.CancelledError:
+                if (current := asyncio.current_task()) is not None:
+                    current.uncancel()
+            except Exception as e:
+                traj.extra["close_error"] = f"{type(e).__name__}: {e}"
     traj.status = status or "completed"
     traj.reward = reward if traj.status not in NOT_TRAINABLE else 0.0
     traj.extra.update(counters)

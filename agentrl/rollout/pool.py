@@ -69,7 +69,13 @@ class RolloutPool:
         added to each trajectory's ``extra`` before it is stored (the trainer's ``iteration``, which
         ``agentrl replay --filter iteration=N`` selects by)."""
         slots = asyncio.Semaphore(self.concurrency)
-        jobs = [(task, s) for task in tasks for s in range(self.n_samples)]
+        # A task given twice (an iteration that crosses an epoch of the task order) gets other
+        # sample indices the second time: seeded sampling would otherwise give it the same episodes.
+        seen: Counter[str] = Counter()
+        jobs = []
+        for task in tasks:
+            jobs += [(task, seen[task.id] * self.n_samples + s) for s in range(self.n_samples)]
+            seen[task.id] += 1
         futures = [asyncio.ensure_future(self._episode(task, s, slots)) for task, s in jobs]
         start = time.monotonic()
         bar = _Progress(len(futures)) if self.progress else None

@@ -221,3 +221,107 @@ def test_scripted_expert_as_an_engine_solves_bugfix(tiny, backend):
             engine.add(prompt, ["<tool_call>something else</tool_call>"])
 
     run(go())
+
+
+class CancelOnStep(EchoEnv):
+    """Cancels the episode's task as its third step finishes: the same loop turn as the step's end."""
+
+    outer = None
+
+    async def step(self, calls):
+        result = await super().step(calls)
+        if self.steps == 3:
+            asyncio.get_running_loop().call_soon(self.outer.cancel)
+        await asyncio.sleep(0)
+        return result
+
+
+class SlowReset(EchoEnv):
+    async def reset(self, task):
+        await asyncio.sleep(5)
+        return await super().reset(task)
+
+
+class StepTimesOut(EchoEnv):
+    async def step(self, calls):
+        raise TimeoutError("the sandbox did not answer")
+
+
+class GradesSlowly(EchoEnv):
+    grading = None
+
+    async def grade(self):
+        self.grading.set()
+        await asyncio.sleep(30)
+        return 0.5
+
+
+class EchoesSurrogate(EchoEnv):
+    async def step(self, calls):
+        result = await super().step(calls)
+        for m in result.observation:
+            m["content"] = "error: src/\udcff.py does not exist"
+        return result
+
+
+def test_cancellation_deadlines_and_env_timeouts_end_the_right_way(tiny):
+    """A cancellation that lands as a step ends is not lost; a reset that outlives the deadline is
+    the env's failure (no prompt: nothing to grade or train), and so is a TimeoutError an env
+    raises itself; a cancellation while the env grades still closes the env; an observation
+    echoing a lone surrogate is read, not an env_error."""
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+
+    async def go():
+        env = CancelOnStep(episode_len=1000)
+        task = asyncio.ensure_future(
+            run_episode(env, FixedEngine([eot]), tok, Task("t"), LoopConfig(max_turns=15))
+        )
+        env.outer = task
+        t = await task
+        assert (t.status, env.steps, env.closed) == ("aborted", 3, 1)
+        env = SlowReset(3)
+        t = await run_episode(env, FixedEngine([eot]), tok, Task("t"), LoopConfig(deadline_s=0.2))
+        assert t.status == "env_error" and "reset() did not finish" in t.extra["error"]
+        assert env.graded == 0 and env.closed == 1 and len(t) == 0
+        env = StepTimesOut(3)
+        t = await run_episode(env, FixedEngine([eot]), tok, Task("t"), LoopConfig())
+        assert t.status == "env_error" and "the sandbox did not answer" in t.extra["error"]
+        env = GradesSlowly(10)
+        env.grading = asyncio.Event()
+        task = asyncio.ensure_future(
+            run_episode(env, FixedEngine([eot]), tok, Task("t"), LoopConfig(max_turns=2))
+        )
+        await env.grading.wait()
+        task.cancel()
+        t = await task
+        assert t.status == "aborted" and env.closed == 1 and t.reward == 0.0
+        t = await run_episode(EchoesSurrogate(3), FixedEngine([eot]), tok, Task("t"), LoopConfig())
+        assert t.status == "completed" and "\ufffd" in tok.decode(t.input_ids)
+
+    run(go())
+
+
+def test_an_end_of_turn_that_is_not_one_token_is_refused_by_name(tiny):
+    _, tok = tiny
+    with pytest.raises(ValueError, match=r"loop.end_of_turn='</turn>' is not one token of the tokenizer"):
+        _Renderer(tok, "</turn>")
+
+
+def test_a_task_given_twice_in_one_rollout_gets_other_samples_the_second_time(tiny):
+    from agentrl.rollout.pool import RolloutPool
+
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    pool = RolloutPool(
+        lambda: EchoEnv(1), FixedEngine([eot]), tok, LoopConfig(seed=3), n_samples=2, progress=False
+    )
+    out = run(pool.run([Task("a"), Task("b"), Task("a")]))
+    assert [(t.task_id, t.sample_index) for t in out] == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+        ("b", 1),
+        ("a", 2),
+        ("a", 3),
+    ]

@@ -152,7 +152,9 @@ class EngineLaunchConfig(Section):
     model: str | None = None
     """The model the servers load: a path or id for SGLang; for ``local``, ``tiny``, ``smollm2`` or a
     directory, and None: the run's own policy (written as a checkpoint under ``run_dir/engine_weights``),
-    so that its shapes are the trainer's."""
+    so that its shapes are the trainer's. A named model must be the policy's architecture and
+    vocabulary (``tiny`` is not a tiny policy of the run's: its tokenizer is trained on other text);
+    a run whose server would not load the policy stops at start with a message."""
     tp: int = Field(1, ge=1)
     """Tensor-parallel GPUs per SGLang server."""
     dp: int = Field(1, ge=1)

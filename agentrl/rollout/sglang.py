@@ -505,7 +505,18 @@ def from_config(policy, cfg) -> SGLangEngine:
     )
     engine.launcher = launcher
     if e.sync_on_start:
-        _push(engine, policy.state_dict())
+        try:
+            _push(engine, policy.state_dict())
+        except EngineError as err:  # most often a server of another model: other shapes or vocabulary
+            if launcher is not None:
+                launcher.stop()
+            served = f"engine.launch.model={e.launch.model}" if e.launch.model else f"the server at {url}"
+            raise ConfigError(
+                f"{served} would not load the policy's weights ({' '.join(str(err).split())[:300]}): the server must serve "
+                "a model of the policy's architecture and vocabulary; leave engine.launch.model unset "
+                "(the run then serves its own policy), or start the server on a checkpoint of it "
+                "(RUN/engine_weights/initial of a run with engine.launch.server=local)"
+            ) from None
     return engine
 
 

@@ -176,6 +176,32 @@ def test_a_run_can_start_its_own_server_and_stops_it_when_its_engine_closes(tmp_
     assert f"agentrl serve local: {(tmp_path / 'run' / 'engine_weights' / 'initial').resolve()} on" in log
 
 
+def test_a_launched_model_that_cannot_take_the_policys_weights_stops_the_run_at_start(tmp_path):
+    """engine.launch.model=tiny is the generic tiny model: another vocabulary and width than a run's
+    tiny policy. The run stops with a config error naming the way out, and its server is stopped."""
+    from agentrl.config import ConfigError, TrainConfig, load_config
+    from agentrl.models import tiny_chat_model
+    from agentrl.rollout.sglang import from_config
+
+    port = free_port()
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [f"run.output_dir={tmp_path}", "engine.kind=sglang", "engine.launch.server=local",
+         "engine.launch.model=tiny", f"engine.launch.port={port}", "rollout.max_context=1024"],
+    )  # fmt: skip
+    policy, _ = tiny_chat_model(seed=5, hidden=32)
+    with pytest.raises(
+        ConfigError, match=r"engine.launch.model=tiny would not load the policy's weights .*size mismatch"
+    ) as e:
+        from_config(policy, cfg)
+    assert "leave engine.launch.model unset" in str(e.value)
+    import socket
+
+    with pytest.raises(ConnectionRefusedError):  # the server it started is gone
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
 def test_distributed_sync_with_launched_servers_counts_each_servers_tp_ranks():
     """SGLang joins each tensor-parallel rank of a server to the update group as rank_offset +
     tp_rank, and refuses data-parallel replicas there: the group's size and offsets follow tp."""

@@ -533,6 +533,16 @@ def _report(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # On every command too (`agentrl train RECIPE --debug`), not only before it; absent unless given
+        self.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show the traceback of an unexpected error, not just its line",
+        )
+
     def error(self, message: str):
         # One line like every other input error; subcommands' parsers are of this class too.
         self.exit(2, f"error: {message}; `{self.prog} --help` shows the usage\n")
@@ -541,9 +551,6 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agentrl", description="Reinforcement learning for tool-using coding agents.")
     parser.add_argument("--version", action="version", version=f"agentrl {agentrl.__version__}")
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of an unexpected error, not just its line"
-    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     quick = commands.add_parser(
@@ -729,7 +736,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --from-turn: a run setting for the re-run, e.g. --set engine.kind=sglang "
         "--set rollout.temperature=0 --set model.init=runs/x/checkpoints/iter-000006",
     )
-    replay.add_argument("--seed", type=int, default=None, help="with --from-turn: the sampling seed")
+    replay.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="with --from-turn: the sampling seed (default: a fresh one, stored with the branch)",
+    )
     replay.add_argument(
         "--exact",
         action="store_true",
@@ -813,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # not a signal's: a failure nobody turned into an input error
         _stop.done = True
         if not _stop.signals:
-            if args.debug:
+            if getattr(args, "debug", False):
                 raise
             print(f"error: {_failure(e)}", file=sys.stderr)
             return 1

@@ -231,6 +231,9 @@ def test_an_unexpected_failure_is_one_line_naming_where_and_debug_shows_the_trac
     assert line.endswith("the backend fell over on two lines; rerun with --debug for the traceback")
     with pytest.raises(RuntimeError, match="the backend fell over"):
         main(["--debug", "rollout", ROLLOUT])
+    with pytest.raises(RuntimeError, match="the backend fell over"):  # where users put it: at the end
+        main(["rollout", ROLLOUT, "--debug"])
+    assert main(["sandbox", "gc", "--debug", "--host", "unix:///nonexistent/docker.sock"]) == 2  # nested too
 
 
 def test_config_prints_every_field_with_its_value_default_and_description(capsys):

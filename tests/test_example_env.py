@@ -97,6 +97,16 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
     old, new = original.trajectory(), branch.trajectory()
     cut = [s for s in old.turns if s.role == "assistant"][1].start
     assert new.input_ids[:cut] == old.input_ids[:cut] and new.task_id == old.task_id
+    # Without --seed, a fresh one, recorded: the store stays one that datasets reads whole.
+    assert main(["replay", str(run), "--id", original.id, "--from-turn", "2"]) == 0
+    capsys.readouterr()
+    stored = read(run / "trajectories")[0]
+    assert all(isinstance(e.trajectory().seed, int) for e in stored if e.id.startswith("replay-"))
+    import datasets
+
+    datasets.disable_progress_bars()
+    rows = datasets.load_dataset("json", data_files=str(run / "trajectories" / "*.jsonl.gz"), split="train")
+    assert len(rows) == len(stored)
     # The run on one page: agentrl report reads what the run wrote.
     assert main(["report", str(out / "quickstart")]) == 0
     page = (out / "quickstart" / "report" / "index.html").read_text()

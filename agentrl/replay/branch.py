@@ -20,6 +20,7 @@ The engine, sampling settings and sandbox are the run's, any of them overridable
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,9 @@ async def branch(
         raise ReplayError(str(e)) from None
     task = find_task(env, t, [cfg.env.train_split, cfg.env.eval_split, "train", "test"])
     loop = loop_config(cfg)
-    loop.seed = seed
+    # a fresh seed when none is given, recorded with the branch: it can be re-run exactly, and the
+    # store's seed column stays one type (datasets cannot cast a shard of nulls to the others' ints)
+    loop.seed = seed if seed is not None else secrets.randbelow(2**31)
     prefixed = PrefixEngine(t, from_turn, engine)
     try:
         new = await run_episode(env, prefixed, tokenizer, task, loop, sample_index=t.sample_index)

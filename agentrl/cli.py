@@ -346,6 +346,12 @@ def _eval(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
+        if cfg.model.init is None:
+            print(
+                "note: model.init is not set: this scores the recipe's model as it starts, before any "
+                "training; give model.init=RUN/checkpoints/iter-N (or a warm_start.pt) to score a run",
+                file=sys.stderr,
+            )
         result = _run(evaluate_weights(cfg, store_dir=args.store))
     except ConfigError as e:
         return _error(e)

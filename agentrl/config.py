@@ -456,7 +456,8 @@ class MetricsConfig(Section):
 
 class DebugConfig(Section):
     token_stats_every: int = Field(0, ge=0)
-    """Every N-th iteration (0: never), store what the trainer computed for each token of the
+    """Every N-th iteration, from the first (iterations 0, N, 2N, ...; 0: never), store what the
+    trainer computed for each token of the
     iteration's trained episodes beside the trajectories (``RUN/token_stats/``): its log-probs, the
     IcePop / TIS weight, the advantage, the value. ``agentrl replay --id ID --html`` colours tokens by
     them. Costs about 0.2 s and 0.5 MB per 100k tokens on 2 CPU cores, less than storing the

@@ -68,7 +68,9 @@ def test_ppo_learns_the_one_right_answer_within_50_iterations(tmp_path, capsys):
     for init in (None, latest):
         weights = [f"model.init={init}"] if init else []
         assert cli(["eval", str(recipe), *TOY, "metrics.eval_samples=4", *weights]) == 0
-        scores[init] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        out, err = capsys.readouterr()
+        scores[init] = json.loads(out.strip().splitlines()[-1])
+        assert ("note: model.init is not set" in err) == (init is None)
     assert scores[None]["eval_success"] == 0.0 and scores[latest]["eval_success"] == 1.0, scores
     assert scores[latest]["eval_success_sampled"] > scores[None]["eval_success_sampled"], scores
     assert not (tmp_path / "toy-eval").exists()  # eval writes nothing unless asked to store

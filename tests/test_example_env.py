@@ -5,6 +5,7 @@ demonstrations and trains through ``agentrl train`` like the built-in one."""
 import importlib.metadata
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,16 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
     records = [json.loads(line) for line in (out / "quickstart" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1]
     assert "critic/value_loss" in records[0] and "actor/policy_loss" in records[1]  # critic-only first
+    from agentrl.trajectory import NOT_TRAINABLE
+
+    for r in records:  # tasks of the iteration with fewer than n_samples=2 trainable episodes
+        mine = [
+            t
+            for t in TrajectoryStore(out / "quickstart" / "trajectories").read()
+            if t.extra.get("iteration") == r["iteration"]
+        ]
+        kept = Counter(t.task_id for t in mine if t.status not in NOT_TRAINABLE)
+        assert r["short_groups"] == sum(kept[task] < 2 for task in r["tasks"]), r
     # The trainer's per-token stats of iteration 0 (every 2nd), one row per trained episode, and none of 1.
     from agentrl import token_stats
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 from agentrl import token_stats
 from agentrl.config import TrainConfig
@@ -76,6 +77,9 @@ async def train(cfg: TrainConfig, log=print) -> dict:
             | debug
         )
         record["train_tokens_per_s"] = int(batch.lengths.sum()) / max(time.monotonic() - t1, 1e-9)
+        # tasks trained on fewer than n samples (failed episodes left out): a group baseline over fewer
+        kept_per_task = Counter(group_ids[i] for i in kept)
+        record["short_groups"] = sum(kept_per_task[k] < cfg.rollout.n_samples for k in range(len(tasks)))
         if cfg.metrics.eval_every and (it + 1) % cfg.metrics.eval_every == 0:
             record |= await evaluate(run)
         run.save(it, record)

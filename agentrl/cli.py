@@ -346,15 +346,15 @@ def _eval(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(TrainConfig, args.config, args.overrides)
-        if cfg.model.init is None:
-            print(
-                "note: model.init is not set: this scores the recipe's model as it starts, before any "
-                "training; give model.init=RUN/checkpoints/iter-N (or a warm_start.pt) to score a run",
-                file=sys.stderr,
-            )
         result = _run(evaluate_weights(cfg, store_dir=args.store))
     except ConfigError as e:
         return _error(e)
+    if cfg.model.init is None:
+        print(
+            "note: model.init is not set: these are the scores of the recipe's model as it starts, before "
+            "any training; give model.init=RUN/checkpoints/iter-N (or a warm_start.pt) to score a run",
+            file=sys.stderr,
+        )
     for key in sorted(result):
         if key.startswith("eval_pass_at_") and not key.endswith("_ci95") and f"{key}_ci95" in result:
             k = key.removeprefix("eval_pass_at_")

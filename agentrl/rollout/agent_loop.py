@@ -119,16 +119,22 @@ class _Renderer:
                 f"loop.end_of_turn={self.eot!r} is not one token of the tokenizer (it encodes as "
                 f"{self.encode(self.eot)}); name the token that ends an assistant turn"
             )
-        # A fixed short conversation that ends with an assistant turn: the text the template puts
-        # after that turn's end-of-turn token is the "glue" before the next messages.
-        self._base = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-        base_text = self._render(self._base, add_generation_prompt=False)
-        cut = base_text.rfind(self.eot)
-        if cut < 0:
-            raise ValueError(
-                f"the chat template does not end assistant turns with {self.eot!r}; set LoopConfig.end_of_turn"
-            )
-        self._base_text = base_text[: cut + len(self.eot)]
+        # A fixed short conversation: the text the template puts after its last end-of-turn token is
+        # the "glue" before the next messages. It ends with an assistant turn, as observations follow
+        # one, unless the template renders the last assistant turn apart from earlier ones (Qwen3's
+        # think block); then with the user turn before it, whose text does not change as messages follow.
+        user, assistant = {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}
+        probe = [{"role": "tool", "content": "c", "name": "bash", "tool_call_id": "call_0"}]
+        for base in ([user, assistant], [user]):
+            base_text = self._render(base, add_generation_prompt=False)
+            cut = base_text.rfind(self.eot)
+            if cut < 0:
+                raise ValueError(
+                    f"the chat template does not end turns with {self.eot!r}; set LoopConfig.end_of_turn"
+                )
+            self._base, self._base_text = base, base_text[: cut + len(self.eot)]
+            if self._render(base + probe).startswith(self._base_text):
+                break
 
     def _render(self, messages, tools=None, add_generation_prompt=True) -> str:
         return self.tok.apply_chat_template(

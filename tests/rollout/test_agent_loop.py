@@ -325,3 +325,30 @@ def test_a_task_given_twice_in_one_rollout_gets_other_samples_the_second_time(ti
         ("a", 2),
         ("a", 3),
     ]
+
+
+# A chat template of the kind Qwen3's is: the last assistant turn is rendered with an (empty) think
+# block, earlier ones without, so an assistant turn renders differently once messages follow it.
+LAST_TURN_THINKS = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' and loop.last -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def test_a_template_that_renders_the_last_assistant_turn_apart_still_runs_multi_turn(tiny):
+    """Observations are rendered after a prefix whose text does not change when messages follow:
+    token in, token out, with the template's own text for each observation."""
+    import copy
+
+    _, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.chat_template = LAST_TURN_THINKS
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    t = run(run_episode(EchoEnv(3), FixedEngine([eot]), tok, Task("t"), LoopConfig()))
+    assert t.status == "completed" and len(t.finish_reasons) == 3
+    masked = tok.decode([i for i, s in zip(t.input_ids, t.loss_mask, strict=True) if not s])
+    assert "\n<|im_start|>tool\nok 2<|im_end|>\n<|im_start|>assistant\n" in masked

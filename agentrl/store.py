@@ -305,10 +305,12 @@ class TrajectoryStore:
             yield record
 
     def read(self, filter: Callable[[Trajectory], bool] | None = None) -> Iterator[Trajectory]:
-        """Iterate stored trajectories (those for which ``filter`` is true); skips records that are not one."""
+        """Iterate stored trajectories (those for which ``filter`` is true); skips records that are not
+        one, whole and consistent (``Trajectory.validate``: a record edited or written by another tool
+        could hold tokens, masks and log-probs of different lengths)."""
         for shard, start, record in self._located_records():
             try:
-                trajectory = Trajectory.from_record(record)
+                trajectory = Trajectory.from_record(record).validate()
             except (ValueError, TypeError) as e:  # TrajectoryError is a ValueError
                 logger.warning(
                     "%s: skipped the record at offset %d, which is not a trajectory: %s", shard, start, e

@@ -407,3 +407,17 @@ def test_read_skips_an_intact_record_that_is_not_a_trajectory(tmp_path, caplog):
     (message,) = store_messages(caplog)
     assert f"{path / 'w0-00000.jsonl.gz'}: skipped the record at offset {second}" in message
     assert len(TrajectoryStore(path)) == 3  # records, not trajectories
+
+
+def test_read_skips_a_record_whose_parts_disagree(tmp_path, caplog):
+    """JSON that parses into a trajectory whose tokens, mask and log-probs are not one length (a
+    record edited or written by another tool) is skipped by name, not handed to the trainer."""
+    with TrajectoryStore(tmp_path / "s") as store:
+        store.append(sample(0))
+        bad = sample(1).to_record()
+        bad["loss_mask"] = bad["loss_mask"][:-1]
+        store.append(bad)
+        store.append(sample(2))
+    with caplog.at_level(logging.WARNING):
+        seeds = [t.seed for t in TrajectoryStore(tmp_path / "s").read()]
+    assert seeds == [0, 2] and "which is not a trajectory" in caplog.text

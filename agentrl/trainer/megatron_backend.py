@@ -360,8 +360,10 @@ class MegatronBackend:
             got = fn(rows)
             if got is not None:
                 out[rows] = got.cpu()
-        if self.pp > 1:  # the last stage computed them
-            dist.broadcast(out, src=self.last_rank, group=self.pp_group)
+        if self.pp > 1:  # the last stage computed them; on the device: NCCL takes no CPU tensor
+            on_device = out.to(self.device)
+            dist.broadcast(on_device, src=self.last_rank, group=self.pp_group)
+            out = on_device.cpu()
         return out
 
     @collective

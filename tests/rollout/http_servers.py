@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,3 +149,22 @@ def router_stand_in(workers: list[str]):
             Route("/generate", generate, methods=["POST"]),
         ]
     )
+
+
+@contextlib.asynccontextmanager
+async def stub_server(routes: list[tuple[str, str, Any]]):
+    """An aiohttp server on a free loopback port answering ``routes`` (method, path, handler) the
+    way a test needs a server to misbehave; yields its base URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()

@@ -16,7 +16,7 @@ from agentrl.rollout.serve_local import local_server
 from agentrl.rollout.sglang import SGLangEngine
 from tests.rollout.fakes import EchoEnv
 from tests.rollout.fault_proxy import CAUSES, FaultProxy
-from tests.rollout.http_servers import free_port, serve_process, serving, wait_healthy
+from tests.rollout.http_servers import free_port, serve_process, serving, stub_server, wait_healthy
 
 
 @pytest.fixture(scope="module")
@@ -173,18 +173,12 @@ def test_a_health_check_that_takes_seconds_is_not_a_down_server():
         return web.Response(status=200)
 
     async def go():
-        app = web.Application()
-        app.router.add_get("/health", slow_health)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        engine = SGLangEngine(f"http://127.0.0.1:{port}", connect_timeout_s=0.5)
-        try:
-            return await engine.health()
-        finally:
-            await engine.close()
-            await runner.cleanup()
+        async with stub_server([("GET", "/health", slow_health)]) as url:
+            engine = SGLangEngine(url, connect_timeout_s=0.5)
+            try:
+                return await engine.health()
+            finally:
+                await engine.close()
 
     assert asyncio.run(go()) is True
 
@@ -201,21 +195,14 @@ def test_a_router_not_ready_to_list_its_workers_is_asked_again():
         return answer or web.json_response({"workers": [{"url": "http://w1:1"}, {"url": "http://w2:2/"}]})
 
     async def go():
-        app = web.Application()
-        app.router.add_get("/workers", list_workers)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        url = f"http://127.0.0.1:{port}"
-        router, plain = SGLangEngine(url), SGLangEngine(f"{url}/not-a-router")
-        try:
-            seen = [await router.workers() for _ in range(3)] + [await plain.workers()]
-            return url, seen, plain.abort_urls
-        finally:
-            await router.close()
-            await plain.close()
-            await runner.cleanup()
+        async with stub_server([("GET", "/workers", list_workers)]) as url:
+            router, plain = SGLangEngine(url), SGLangEngine(f"{url}/not-a-router")
+            try:
+                seen = [await router.workers() for _ in range(3)] + [await plain.workers()]
+                return url, seen, plain.abort_urls
+            finally:
+                await router.close()
+                await plain.close()
 
     url, seen, plain_cached = asyncio.run(go())
     assert seen[0] == [url] and seen[1] == seen[2] == ["http://w1:1", "http://w2:2"]

@@ -15,7 +15,7 @@ from agentrl.models import tiny_chat_model
 from agentrl.rollout.engine import EngineError, SamplingParams
 from agentrl.rollout.sglang import SGLangEngine
 from agentrl.rollout.sglang_sync import buckets
-from tests.rollout.http_servers import free_port, serve_process, wait_healthy
+from tests.rollout.http_servers import free_port, serve_process, stub_server, wait_healthy
 
 
 @pytest.fixture(scope="module")
@@ -82,28 +82,17 @@ def test_joining_the_group_and_sending_a_bucket_are_never_sent_twice():
         return web.json_response({"success": True, "message": ""})
 
     async def go():
-        app = web.Application()
-        for path in (
-            "/init_weights_update_group",
-            "/update_weights_from_distributed",
-            "/begin_weight_update",
-        ):
-            app.router.add_post(path, taken_then_dropped)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        url = f"http://127.0.0.1:{port}"
-        engine = SGLangEngine(url, weight_sync="distributed", retry_deadline_s=10)
-        errors = []
-        for path in ("/init_weights_update_group", "/update_weights_from_distributed"):
-            try:
-                await engine.post_ok(url, path, {}, once=True)
-            except EngineError as e:
-                errors.append(str(e))
-        await engine.post_ok(url, "/begin_weight_update", {})  # retried: the second answer counts
-        await engine.close()
-        await runner.cleanup()
+        paths = ("/init_weights_update_group", "/update_weights_from_distributed", "/begin_weight_update")
+        async with stub_server([("POST", path, taken_then_dropped) for path in paths]) as url:
+            engine = SGLangEngine(url, weight_sync="distributed", retry_deadline_s=10)
+            errors = []
+            for path in paths[:2]:
+                try:
+                    await engine.post_ok(url, path, {}, once=True)
+                except EngineError as e:
+                    errors.append(str(e))
+            await engine.post_ok(url, "/begin_weight_update", {})  # retried: the second answer counts
+            await engine.close()
         return errors
 
     errors = asyncio.run(go())

@@ -63,14 +63,37 @@ def sft_episodes(trajectories: list[Trajectory]) -> tuple[list[Trajectory], int]
 
 def stored_episodes(run: Run) -> list[Trajectory]:
     """The successful, completed episodes of the store at ``sft.from_store``, checked against the
-    run's tokenizer (token ids another tokenizer made would teach nonsense)."""
-    path = run.cfg.sft.from_store
+    run's tokenizer (token ids another tokenizer made would teach nonsense). Left out, and counted in
+    the log: another environment's episodes, held-out tasks' (a store ``agentrl eval --store`` or a
+    rollout of the test split wrote: imitating them would leak the held-out score), replay branches
+    (their prefix is another episode's) and exact duplicates."""
+    cfg = run.cfg
+    path = cfg.sft.from_store
     if not path:
         return []
-    episodes = list(TrajectoryStore(path).read(lambda t: t.status == "completed" and succeeded(t.reward)))
+    successes = TrajectoryStore(path).read(lambda t: t.status == "completed" and succeeded(t.reward))
+    held_out = {t.id for t in run.splits.held_out}
+    episodes, left_out, seen = [], Counter(), set()
+    for t in successes:
+        data = t.extra.get("task_data")
+        split = data.get("split") if isinstance(data, dict) else None
+        if t.env_id and t.env_id != cfg.env.id:
+            left_out["of another environment"] += 1
+        elif t.task_id in held_out or (isinstance(split, str) and split != cfg.env.train_split):
+            left_out["of held-out tasks"] += 1
+        elif t.extra.get("branch_of"):
+            left_out["replay branches"] += 1
+        elif (key := tuple(t.input_ids)) in seen:
+            left_out["duplicates"] += 1
+        else:
+            seen.add(key)
+            episodes.append(t)
+    if left_out:
+        run.log(f"sft.from_store: left out {', '.join(f'{n} {why}' for why, n in left_out.items())}")
     if not episodes:
         raise ConfigError(
-            f"sft.from_store={path}: the store holds no completed, successful episode to imitate"
+            f"sft.from_store={path}: the store holds no completed, successful episode of {cfg.env.id}'s "
+            f"{cfg.env.train_split} split to imitate" + (f" (left out: {dict(left_out)})" if left_out else "")
         )
     vocab = len(run.tokenizer)
     top = max(max(t.input_ids) for t in episodes)

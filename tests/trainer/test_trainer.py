@@ -805,19 +805,45 @@ def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys)
     prompt = tok.encode("Say the magic word.", add_special_tokens=False)
     answer = tok.encode(" assert", add_special_tokens=False) + [tok.eos_token_id]
     store = TrajectoryStore(tmp_path / "store")
-    for reward, status in ((1.0, "completed"), (1.0, "completed"), (0.0, "completed"), (1.0, "max_turns")):
-        n = len(prompt) + len(answer)
-        spans = [TurnSpan(0, len(prompt), "prompt"), TurnSpan(len(prompt), n, "assistant")]
-        mask = [0] * len(prompt) + [1] * len(answer)
-        store.append(Trajectory(prompt + answer, mask, [0.0] * n, spans, reward=reward, status=status))
+    episodes = [  # (reward, status, env, task, extra, a token to tell it apart)
+        (1.0, "completed", "magic-word-v0", "train-1", {}, 0),
+        (1.0, "completed", "magic-word-v0", "train-2", {}, 1),
+        (0.0, "completed", "magic-word-v0", "train-3", {}, 2),
+        (1.0, "max_turns", "magic-word-v0", "train-4", {}, 3),
+        (1.0, "completed", "magic-word-v0", "train-2", {}, 1),  # the same episode again
+        (1.0, "completed", "other-v0", "train-5", {}, 4),
+        (1.0, "completed", "magic-word-v0", "test-0", {}, 5),  # held out: env.eval_tasks=2 below
+        (1.0, "completed", "magic-word-v0", "t-9", {"task_data": {"split": "test"}}, 6),
+        (1.0, "completed", "magic-word-v0", "train-6", {"branch_of": "w0-00000:1"}, 7),
+    ]
+    for reward, status, env, task, extra, k in episodes:
+        ids = prompt + [k + 5] + answer
+        n = len(ids)
+        spans = [TurnSpan(0, len(prompt) + 1, "prompt"), TurnSpan(len(prompt) + 1, n, "assistant")]
+        mask = [0] * (len(prompt) + 1) + [1] * len(answer)
+        t = Trajectory(ids, mask, [0.0] * n, spans, reward=reward, status=status, env_id=env, task_id=task)
+        t.extra.update(extra)
+        store.append(t)
     store.close()
     recipe = tmp_path / "toy.yaml"
     recipe.write_text("run: {name: from-store, iterations: 1}\n")
-    args = ["train", str(recipe), *TOY, f"run.output_dir={tmp_path}", "env.eval_tasks=0"]
+    args = [
+        "train",
+        str(recipe),
+        *TOY,
+        f"run.output_dir={tmp_path}",
+        "env.eval_tasks=2",
+        "metrics.eval_every=0",
+    ]
     assert main([*args, f"sft.from_store={tmp_path / 'store'}", "sft.epochs=1"]) == 0
-    assert "warm start: 2 stored successes from" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warm start: 2 stored successes from" in out
+    assert (
+        "sft.from_store: left out 1 duplicates, 1 of another environment, 2 of held-out tasks, 1 replay branches"
+        in out
+    )
     assert main([*args, f"sft.from_store={tmp_path / 'nothing'}"]) == 2
     assert f"sft.from_store={tmp_path / 'nothing'} is not a directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main([*args, "run.overwrite=true", f"sft.from_store={tmp_path / 'empty'}"]) == 2
-    assert "holds no completed, successful episode to imitate" in capsys.readouterr().err
+    assert "holds no completed, successful episode of magic-word-v0's train split to imitate" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import posixpath
+import re
 from dataclasses import dataclass
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
@@ -167,3 +168,23 @@ def filter_patch(
         else:
             dropped.append((section.path or section.text.splitlines()[0][:200], why))
     return "".join(kept), dropped
+
+
+# Added lines that reach into the test runner from the package's own source (imported by the tests,
+# so it runs in the test process): patching pytest, its junit writer, its exit code, or Python's
+# builtins (a plain runner's printed verdict).
+RUNNER_TAMPER = re.compile(
+    r"\b_pytest\b|\bimport\s+pytest\b|\bfrom\s+pytest\b|\bpytest\.|\bos\._exit\b|\bjunitxml\b|\bPASSED\b|\bXFAIL|\bbuiltins\b|__builtins__"
+)
+RUNNER_PACKAGES = ("_pytest", "pytest")
+"""Where the package is the test runner itself (pytest's own tasks), its source names the runner in
+ordinary fixes: no line there counts as reaching into it."""
+
+
+def runner_tamper(patch: str, dirs: list[str] = ()) -> list[str]:
+    """The added lines of ``patch`` that touch the test runner (empty for an ordinary fix, and for
+    a fix of the runner itself: ``dirs``, the source directories, name it)."""
+    if any(posixpath.basename(d.rstrip("/")) in RUNNER_PACKAGES for d in dirs):
+        return []
+    added = (line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    return [line.strip()[:200] for line in added if RUNNER_TAMPER.search(line)]

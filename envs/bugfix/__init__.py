@@ -6,7 +6,10 @@ task's pristine files plus the agent's diff filtered to the package's non-test s
 (``agentrl.patches``): edits to tests, test configuration (``conftest.py``, ``pytest.ini``, ...)
 or start-up hooks (``*.pth``, ``sitecustomize.py``) do not count. The grader runs with a cleared
 environment and no bytecode. The number of passing tests must equal the task's, so skipping or
-deselecting tests earns nothing.
+deselecting tests earns nothing. The package itself runs in the test process, so a kept line that
+reaches into the runner (pytest, Python's builtins) is graded but never rewarded
+(``agentrl.patches.runner_tamper``); a forgery in plain Python that names neither is the limit of
+what a static check sees.
 
 Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
 ``packages`` / ``modules`` (the names drawn from; a single name each fixes the file layout),
@@ -44,7 +47,7 @@ from agentrl.envs.bugfix.generator import (
     fails_after,
     generate,
 )
-from agentrl.patches import filter_patch
+from agentrl.patches import filter_patch, runner_tamper
 from agentrl.sandbox import make_sandbox, resolve_kind, to_bytes
 from agentrl.tools import CODING_TOOLS, ToolCall, render_hermes
 
@@ -284,6 +287,12 @@ class BugfixEnv(CodingEpisodeEnv):
         finally:
             self._dispose(fresh)
         report["applied"] = _APPLY_FAILED not in output if kept else None
+        # The package runs inside the test process: a kept line that reaches into the runner (pytest,
+        # builtins such as the plain runner's print) could forge the verdict. Graded, never rewarded.
+        tamper = runner_tamper(kept)
+        if tamper:
+            report["runner_tamper"] = tamper
+            reward = 0.0
         report.update(reward=reward, output=output[-500:])
         return reward
 

@@ -28,7 +28,6 @@ PASS_TO_PASS passed).
 
 from __future__ import annotations
 
-import re
 import secrets
 import shlex
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.swe.rows import SweRow
-from agentrl.patches import filter_patch
+from agentrl.patches import filter_patch, runner_tamper
 
 SUBMISSION = ".agentrl-submission.patch"
 TEST_PATCH = ".agentrl-test.patch"
@@ -61,25 +60,6 @@ def source_dirs(tree: Path) -> list[str]:
         ):
             found.append(module.name)
     return found
-
-
-# Added lines that reach into the test runner from the package's own source (imported by pytest,
-# so it runs in the test process): patching pytest, its junit writer or its exit code.
-RUNNER_TAMPER = re.compile(
-    r"\b_pytest\b|\bimport\s+pytest\b|\bfrom\s+pytest\b|\bpytest\.|\bos\._exit\b|\bjunitxml\b|\bPASSED\b|\bXFAIL"
-)
-RUNNER_PACKAGES = ("_pytest", "pytest")
-"""Where the package is the test runner itself (pytest's own tasks), its source names the runner in
-ordinary fixes: no line there counts as reaching into it."""
-
-
-def runner_tamper(patch: str, dirs: list[str] = ()) -> list[str]:
-    """The added lines of ``patch`` that touch the test runner (empty for an ordinary fix, and for
-    a fix of the runner itself: ``dirs``, the source directories, name it)."""
-    if any(Path(d).name in RUNNER_PACKAGES for d in dirs):
-        return []
-    added = (line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++"))
-    return [line.strip()[:200] for line in added if RUNNER_TAMPER.search(line)]
 
 
 def _apply_script(patch_file: str, marker: str, ignored_too: bool = True) -> str:

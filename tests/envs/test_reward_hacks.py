@@ -169,3 +169,25 @@ def test_a_background_loop_rewriting_the_tests_during_grading_earns_nothing(back
         return rewards
 
     assert run(go()) == [0.0] * 6
+
+
+@pytest.mark.parametrize("grader", ["pytest", "python"])
+def test_the_hook_in_the_packages_own_source_earns_nothing(grader):
+    """The package's own source is kept for grading and imported by the tests, so the same hook
+    pasted into its __init__.py runs in the grader's process and forges a pass with either grader;
+    the kept patch reaches into the runner, and such a patch is graded but never rewarded."""
+
+    async def go():
+        env = make("bugfix-v0", sandbox="local", grader=grader)
+        try:
+            await env.reset(env.tasks("train")[0])
+            init = f"{env.spec.package}/__init__.py"
+            await env.sandbox.exec(f"cat >> {init} <<'EOF'\n{PROBE_HOOK}\nEOF", timeout=30)
+            result = await env.step([ToolCall("submit", {})])
+            return result.reward, result.info["grade"]
+        finally:
+            await env.close()
+
+    reward, grade = run(go())
+    assert reward == 0.0 and grade["runner_tamper"] and grade["dropped_paths"] == []
+    assert any("builtins" in line or "_pytest" in line for line in grade["runner_tamper"])

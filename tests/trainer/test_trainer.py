@@ -846,4 +846,7 @@ def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys)
     assert f"sft.from_store={tmp_path / 'nothing'} is not a directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main([*args, "run.overwrite=true", f"sft.from_store={tmp_path / 'empty'}"]) == 2
-    assert "holds no completed, successful episode of magic-word-v0's train split to imitate" in capsys.readouterr().err
+    assert (
+        "holds no completed, successful episode of magic-word-v0's train split to imitate"
+        in capsys.readouterr().err
+    )

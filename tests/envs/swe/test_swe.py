@@ -9,8 +9,9 @@ import json
 import pytest
 
 from agentrl.envs.swe import SweEnv
-from agentrl.envs.swe.grading import junit_key, runner_tamper, source_dirs
+from agentrl.envs.swe.grading import junit_key, source_dirs
 from agentrl.envs.swe.rows import RowError, load_rows
+from agentrl.patches import runner_tamper
 from agentrl.tools import ToolCall
 from tests.conftest import require_docker
 from tests.envs.swe.fixture import make_sdist, row, write_rows

@@ -144,12 +144,26 @@ A longer command reaches bash through a file."""
 
 # Shell snippets shared by the backends. The workspace is a git repository whose start commit is
 # the baseline of ``diff`` (an empty workspace gets one, so that new files show up).
+GIT_FINGERPRINT = "find .git/config .git/hooks .git/info -type f -exec cat {} + 2>/dev/null | cksum"
+"""A checksum of what in ``.git`` the agent could use to run code or change what git shows (its
+config, hooks, info/attributes and grafts), regular files only: a FIFO there would block a reader."""
 WORKSPACE_SETUP = (
     "git rev-parse -q --verify HEAD >/dev/null 2>&1 || "
     "{ git init -q && git add -A && git -c user.name=agentrl -c user.email=agentrl@localhost "
     "commit -q --allow-empty -m 'agentrl: workspace at start'; } "
-    "&& git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum"
+    "&& git rev-parse HEAD && " + GIT_FINGERPRINT
 )
+GIT_RESET = (
+    # The agent's repository config and hooks must not run during the reset (core.fsmonitor, a
+    # post-checkout hook: code of the agent's after its processes were killed), and replace refs
+    # must not stand in for the start commit's objects.
+    "export GIT_NO_REPLACE_OBJECTS=1 && rm -rf .git/refs/replace && "
+    'g() { git -c core.fsmonitor=false -c core.hooksPath=/dev/null "$@"; } && '
+    'g reset -q --hard "$BASE" && g clean -qffdx && [ -z "$(g status --porcelain)" ] && '
+    "g rev-parse HEAD && " + GIT_FINGERPRINT
+)
+"""Shell run in the workspace with ``BASE`` set: the work tree back to the start commit, then its
+hash and ``GIT_FINGERPRINT`` (which must equal those at start for the sandbox to be reused)."""
 
 
 # File operations of the tools, run as the sandbox's user (never by the host or the container
@@ -237,7 +251,7 @@ def diff_script(base: str, paths: list[str] | None = None) -> str:
     """
     quoted = " ".join("'" + p.replace("'", "'\\''") + "'" for p in (paths or []))
     return (
-        'idx=$(mktemp -u) && err=$(mktemp) && export GIT_INDEX_FILE="$idx" && '
+        'idx=$(mktemp -u) && err=$(mktemp) && export GIT_INDEX_FILE="$idx" GIT_NO_REPLACE_OBJECTS=1 && '
         "{ git -c core.fsmonitor=false read-tree " + base + " && git -c core.fsmonitor=false add -A && "
         "git -c core.fsmonitor=false diff --cached --binary --no-color --no-renames --no-ext-diff "
         "--no-textconv --src-prefix=a/ --dst-prefix=b/ " + base + " -- " + quoted + " "

@@ -59,6 +59,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from agentrl.sandbox import (
     ARGUMENT_CHARS,
     FILE_OPS,
+    GIT_RESET,
     WORKSPACE_SETUP,
     AsyncStartClose,
     ExecResult,
@@ -907,15 +908,23 @@ class DockerSandbox(AsyncStartClose):
         """
         if not await self.alive():
             return False
-        script = (
+        kill = (
             'for p in /proc/[0-9]*; do [ "${p#/proc/}" != $$ ] && kill -9 "${p#/proc/}" 2>/dev/null; done; '
-            'rm -rf /tmp/* /tmp/.[!.]* "$HOME"/* "$HOME"/.[!.]* 2>/dev/null; '
-            'cd "$1" && git reset -q --hard "$2" && git clean -qffdx && [ -z "$(git status --porcelain)" ] && '
-            "git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum"
         )
-        try:
-            code, output = await self._call(
-                self._control, script, self.workdir, self.base_commit, user=self.config.user
+        script = (
+            kill
+            # every place the user may write outside the workspace; odd names and modes too
+            + 'for d in /tmp /var/tmp /dev/shm /run/lock "$HOME"; do chmod -R u+rwx "$d" 2>/dev/null; '
+            'find "$d" -mindepth 1 -delete 2>/dev/null; done; '
+            + 'cd "$1" && BASE="$2" && '
+            + GIT_RESET
+            + "; rc=$?; "
+            + kill  # whatever the git steps may still have started
+            + "exit $rc"
+        )
+        try:  # bounded: a reset that hangs (a FIFO the agent left) means the sandbox is replaced
+            code, output = await asyncio.wait_for(
+                self._call(self._control, script, self.workdir, self.base_commit, user=self.config.user), 120
             )
         except Exception:
             return False

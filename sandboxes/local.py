@@ -62,6 +62,7 @@ from typing import Any
 from agentrl.sandbox import (
     ARGUMENT_CHARS,
     FILE_OPS,
+    GIT_RESET,
     WORKSPACE_SETUP,
     AsyncStartClose,
     ExecResult,
@@ -796,11 +797,8 @@ class LocalSandbox(AsyncStartClose):
             os.mkdir(self._tmpdir, 0o700)
             if self.uid is not None:
                 os.chown(self._tmpdir, self.uid, self.uid)
-        result = await self.exec(
-            'git reset -q --hard "$AGENTRL_BASE" && git clean -qffdx && [ -z "$(git status --porcelain)" ] && '
-            "git rev-parse HEAD && cat .git/config .git/hooks/* 2>/dev/null | cksum",
-            timeout=60,
-        )
+        result = await self.exec('BASE="$AGENTRL_BASE" && ' + GIT_RESET, timeout=60)
+        await self._sweep(force=True)  # whatever the git steps may still have started
         return result.exit_code == 0 and result.output.split()[:2] == [
             self.base_commit,
             self._git_fingerprint,

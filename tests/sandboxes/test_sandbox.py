@@ -486,6 +486,49 @@ def test_pool_replaces_a_sandbox_whose_git_was_tampered_with():
     run(go())
 
 
+FSMONITOR_HOOK = r"""cp .git/config .git/orig-config
+cat > .git/fsm <<'X'
+#!/bin/sh
+cp "$PWD/.git/orig-config" "$PWD/.git/config"
+setsid sh -c 'while :; do date +%s > "$HOME/planted"; sleep 1; done' > /dev/null 2>&1 < /dev/null &
+exit 1
+X
+chmod +x .git/fsm && git config core.fsmonitor "$PWD/.git/fsm" && echo armed"""
+
+
+@pytest.mark.parametrize("attack", ["fsmonitor", "fifo", "replace"])
+def test_a_reset_runs_none_of_the_agents_git_and_cannot_be_stalled(backend, attack):
+    """The agent's git config or hooks never run during the reset (an fsmonitor hook that restores
+    the config and leaves a process behind), a FIFO among the hooks cannot stall it, and a replace
+    ref cannot stand in for the start commit: the next user gets a clean sandbox, or a new one."""
+
+    async def go():
+        async with SandboxPool(backend, size=1, **SETTINGS[backend]) as pool:
+            sb = await pool.acquire()
+            setup = {
+                "fsmonitor": FSMONITOR_HOOK,
+                "fifo": "mkfifo .git/hooks/zz && echo armed",
+                "replace": "echo planted > planted.py && git add planted.py && "
+                "t=$(git write-tree) && c=$(git -c user.name=a -c user.email=a@b commit-tree $t -p HEAD -m x) && "
+                "git replace HEAD $c && git reset -q --hard && echo armed",
+            }[attack]
+            assert "armed" in (await sb.exec(setup, timeout=30)).output
+            pool.release(sb)
+            deadline = asyncio.get_running_loop().time() + 150
+            while pool._tasks:
+                assert asyncio.get_running_loop().time() < deadline, "the reset hangs"
+                await asyncio.sleep(0.05)
+            async with pool.sandbox() as nxt:
+                await asyncio.sleep(1.5)  # a planted process would have written by now
+                r = await nxt.exec(
+                    'ls -A; cat "$HOME/planted" 2>/dev/null; git status --porcelain', timeout=30
+                )
+                assert "planted" not in r.output, (attack, r.output, pool.stats)
+                assert await nxt.diff() == ""
+
+    run(go())
+
+
 def test_dead_container_is_detected():
     require_docker()
 

@@ -67,14 +67,18 @@ targets() {  # targets new|all: pids of UID's processes (new: started since the 
 }
 
 reap() {  # reap new|all: stop the processes first (a stopped process cannot fork), then kill them
-    local round
+    local round prev=
     [ "$uid" = 0 ] && [ "$1" = all ] && set -- new  # as root, "all" would take the keep-alive down
-    for round in 1 2 3 4 5 6 7 8; do
+    # Stop rounds until one finds no process the last did not: then none was left running to fork
+    # (a process that forks and exits again and again moves to a new pid faster than one round).
+    for ((round = 0; round < 256; round++)); do
         targets "$1"
         [ ${#found[@]} = 0 ] && break
         kill -STOP "${found[@]}"
+        [ "${found[*]}" = "$prev" ] && break
+        prev=${found[*]}
     done
-    for round in 1 2 3 4 5 6 7 8; do
+    for ((round = 0; round < 256; round++)); do
         targets "$1"
         [ ${#found[@]} = 0 ] && break
         kill -KILL "${found[@]}"

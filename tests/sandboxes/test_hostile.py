@@ -52,6 +52,27 @@ def test_nothing_escapes_the_timeout_or_close(backend):
     run(go())
 
 
+HOPPERS = (
+    "for i in 1 2 3 4 5 6; do python3 -c 'import os\nwhile True:\n    if os.fork(): os._exit(0)' & done; "
+    "sleep 100"
+)
+
+
+def test_processes_that_keep_moving_to_new_pids_do_not_outlive_a_reset():
+    """A process that forks and exits again and again (a new pid faster than one pass over /proc)
+    does not live on into the next user of a pooled sandbox: the reset kills with kill(-1)."""
+    require_docker()
+
+    async def go():
+        async with sandbox("docker") as sb:
+            await sb.exec(f"({HOPPERS}) > /dev/null 2>&1 &", timeout=10)  # left running by the episode
+            assert await sb.reset()
+            left = await sb.exec("sleep 1; ps -eo args | grep -c '[p]ython3 -c'", timeout=10)
+            assert left.output.strip() == "0", left.output
+
+    run(go())
+
+
 def test_isolation_none_must_be_asked_for(monkeypatch):
     from agentrl.sandboxes import local
 

@@ -712,12 +712,15 @@ class DockerSandbox(AsyncStartClose):
             text, truncated = cut_output(raw, cap)
             if alive and code == 0:
                 # The runner always ends with its trailer unless killed, and a killed runner does not
-                # exit 0: the daemon lost the stream and the read-back failed too. Say so.
-                log.warning(
-                    "sandbox %s: the output of a command was lost by the Docker daemon",
-                    self.container_id[:12],
+                # exit 0: the daemon lost the stream and the read-back failed, or the runner could not
+                # write its result (a background process filling the output space). The command's
+                # exit code is unknown: not 0.
+                log.warning("sandbox %s: the result of a command was lost", self.container_id[:12])
+                code = 125
+                text += (
+                    "\n[agentrl: the command's result was lost: its exit code is unknown. A process "
+                    "left writing output without end fills the sandbox's output space; kill it]"
                 )
-                text += "\n[agentrl: the command finished, but its output was lost by the Docker daemon]"
             return ExecResult(
                 code,
                 text,

@@ -1,6 +1,7 @@
 """Attacks on the sandboxes, run for real: escapes from the timeout and from close(), what the
 sandbox's user can reach on the host, writes to Python's import path, and gc under churn."""
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -71,6 +72,21 @@ def test_processes_that_keep_moving_to_new_pids_do_not_outlive_a_reset():
             assert left.output.strip() == "0", left.output
 
     run(go())
+
+
+def test_a_command_whose_result_is_lost_is_not_reported_as_exit_0():
+    """A background writer that keeps the (deleted) output file of its command full leaves the runner
+    no room for the next command's result: its exit code is unknown, so it is not 0."""
+    require_docker()
+
+    async def go():
+        async with make_sandbox("docker", memory="1g", max_file_size="1g", grace=5.0) as sb:
+            await sb.exec("(while :; do cat /dev/zero; sleep 0.5; done &); echo started", timeout=10)
+            await asyncio.sleep(6)
+            return await sb.exec("echo hello; exit 3", timeout=20)
+
+    r = run(go())
+    assert r.exit_code != 0 and "its exit code is unknown" in r.output
 
 
 def test_isolation_none_must_be_asked_for(monkeypatch):

@@ -266,7 +266,7 @@ def test_the_task_data_is_hidden_from_the_agent_wherever_the_run_starts(tmp_path
 
     async def go():
         async with env._sandbox(row) as sb:
-            probe = f"ls {row.sdist.parent} | wc -l; head -c 10 {env.path} 2>/dev/null | wc -c"
+            probe = f"ls {row.sdist.parent} 2>/dev/null | wc -l; head -c 10 {env.path} 2>/dev/null | wc -c"
             return (await sb.exec(probe, timeout=30)).output.split()
 
     assert row.sdist.is_file() and asyncio.run(go()) == ["0", "0"]

@@ -133,8 +133,14 @@ class _Renderer:
                     f"the chat template does not end turns with {self.eot!r}; set LoopConfig.end_of_turn"
                 )
             self._base, self._base_text = base, base_text[: cut + len(self.eot)]
-            if self._render(base + probe).startswith(self._base_text):
-                break
+            try:
+                if self._render(base + probe).startswith(self._base_text):
+                    break
+            except Exception:  # a template that takes no tool messages: its envs send none; as before
+                self._base, self._base_text = [user, assistant], None
+        if self._base_text is None:
+            text = self._render(self._base, add_generation_prompt=False)
+            self._base_text = text[: text.rfind(self.eot) + len(self.eot)]
 
     def _render(self, messages, tools=None, add_generation_prompt=True) -> str:
         return self.tok.apply_chat_template(

@@ -352,3 +352,22 @@ def test_a_template_that_renders_the_last_assistant_turn_apart_still_runs_multi_
     assert t.status == "completed" and len(t.finish_reasons) == 3
     masked = tok.decode([i for i, s in zip(t.input_ids, t.loss_mask, strict=True) if not s])
     assert "\n<|im_start|>tool\nok 2<|im_end|>\n<|im_start|>assistant\n" in masked
+
+
+def test_a_template_that_takes_no_tool_messages_still_builds_a_renderer(tiny):
+    """Some templates raise on a role they do not know; an env of theirs sends its observations as
+    user turns, and the renderer's probe with a tool message must not stop it from being built."""
+    import copy
+
+    _, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.chat_template = (
+        "{%- for m in messages -%}"
+        "{%- if m.role not in ('user', 'assistant', 'system') -%}{{ raise_exception('no role ' + m.role) }}{%- endif -%}"
+        "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' }}{%- endif -%}"
+    )
+    render = _Renderer(tok, None)
+    ids = render.observation([{"role": "user", "content": "ok 1"}], after_eot=True)
+    assert tok.decode(ids) == "\n<|im_start|>user\nok 1<|im_end|>\n<|im_start|>assistant\n"

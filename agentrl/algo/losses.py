@@ -279,13 +279,34 @@ def policy_loss(
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     """``1 - Var(R - V) / Var(R)`` over the masked tokens; 0 when the returns have (nearly) no
     variance to explain (not a huge ratio)."""
+    return explained_variance_from_sums(explained_variance_sums(values, returns, mask))
+
+
+def explained_variance_sums(values: Tensor, returns: Tensor, mask: Tensor) -> dict[str, float]:
+    """What the explained variance is computed from, over the masked tokens: their count ``n`` and
+    the sums of ``R``, ``R^2``, ``D = R - V`` and ``D^2`` (float64). Sums of parts (micro-batches,
+    ranks) add up to the sums of the whole."""
     trainable = as_bool_mask(mask)
     with torch.no_grad():
-        v, r = values.detach()[trainable].double(), returns.detach()[trainable].double()
-        if r.numel() < 2:
-            return 0.0
-        var_r = r.var(unbiased=False)
-        return float(1.0 - (r - v).var(unbiased=False) / var_r) if var_r > 1e-8 else 0.0
+        r = returns.detach()[trainable].double()
+        d = r - values.detach()[trainable].double()
+        return {
+            "n": float(r.numel()),
+            "r": float(r.sum()),
+            "r2": float((r * r).sum()),
+            "d": float(d.sum()),
+            "d2": float((d * d).sum()),
+        }
+
+
+def explained_variance_from_sums(s: dict[str, float]) -> float:
+    """``explained_variance`` from ``explained_variance_sums`` (of one batch, or added over parts)."""
+    n = s["n"]
+    if n < 2:
+        return 0.0
+    var_r = s["r2"] / n - (s["r"] / n) ** 2
+    var_d = s["d2"] / n - (s["d"] / n) ** 2
+    return 1.0 - var_d / var_r if var_r > 1e-8 else 0.0
 
 
 def value_loss(

@@ -130,22 +130,14 @@ def critic_objective(
     """The value model's loss on one micro-batch ``sub`` (its rows' values, ``[b, T]``); metrics
     ``value_loss`` and ``value_loss``'s own, with the sums ``PartMetrics`` needs for the minibatch's
     explained variance (``_ev_*``)."""
-    from agentrl.algo import value_loss
+    from agentrl.algo.losses import explained_variance_sums, value_loss
 
     mask = sub.loss_mask.to(device)
     returns = sub.returns.to(device)
     value, metrics = value_loss(values, sub.old_values.to(device), returns, mask, clip=loss.value_clip)
     metrics["value_loss"] = float(value.detach())
-    with torch.no_grad():  # 1 - Var(R - V) / Var(R) over every token of the minibatch, from sums
-        r = returns[mask.bool()].double()
-        d = r - values.detach()[mask.bool()].double()
-        metrics |= {
-            "_ev_n": float(r.numel()),
-            "_ev_r": float(r.sum()),
-            "_ev_r2": float((r * r).sum()),
-            "_ev_d": float(d.sum()),
-            "_ev_d2": float((d * d).sum()),
-        }
+    # the minibatch's explained variance comes from its parts' sums (PartMetrics)
+    metrics |= {f"_ev_{k}": v for k, v in explained_variance_sums(values, returns, mask).items()}
     return value, metrics
 
 
@@ -193,11 +185,11 @@ class PartMetrics:
                 out[k] = v
             else:
                 out[k] = v / tokens if tokens else 0.0
-        if "value_explained_var" in out and s.get("_ev_n", 0.0) >= 2:
-            n = s["_ev_n"]
-            var_r = s["_ev_r2"] / n - (s["_ev_r"] / n) ** 2
-            var_d = s["_ev_d2"] / n - (s["_ev_d"] / n) ** 2
-            out["value_explained_var"] = 1.0 - var_d / var_r if var_r > 1e-8 else 0.0
+        if "value_explained_var" in out and "_ev_n" in s:
+            from agentrl.algo.losses import explained_variance_from_sums
+
+            sums = {k.removeprefix("_ev_"): v for k, v in s.items() if k.startswith("_ev_")}
+            out["value_explained_var"] = explained_variance_from_sums(sums)
         return out
 
 

@@ -101,7 +101,6 @@ class SGLangEngine:
         self.weight_sync, self.sync_master, self.sync_backend = weight_sync, sync_master, sync_backend
         self.bucket_bytes, self.ranks_per_worker = bucket_bytes, ranks_per_worker
         self.update_group = None
-        self.update_group_name = ""
         self.update_joins = 0  # each join of the update group has a name of its own
         self.update_store = None  # the trainer's rendezvous store, kept across joins
         self.launcher = None
@@ -357,6 +356,14 @@ class SGLangEngine:
         except _Retry:
             return False
         return status == 200
+
+    @property
+    def update_group_name(self) -> str:
+        """The name of the update group's latest join: SGLang's usual one first, then one per
+        rejoin (SGLang keeps its groups by name; the store may still hold an old group's keys)."""
+        from agentrl.rollout.sglang_sync import GROUP_NAME
+
+        return GROUP_NAME if self.update_joins <= 1 else f"{GROUP_NAME}-{self.update_joins - 1}"
 
     async def leave_update_group(self) -> None:
         """The workers, then the trainer, leave the weight-update group (the next update joins anew)."""

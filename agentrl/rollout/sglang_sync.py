@@ -45,9 +45,9 @@ def join_update_group(
     store=None,
 ):
     """This process's member of the update group (rank 0 is the trainer; it hosts the store). Blocks
-    until every rank has joined. Returns the group and its rendezvous store. ``store``: the rendezvous store of an earlier join, kept by the
-    trainer so that a second join neither binds the port again nor reads an old group's keys (each
-    join has a group name of its own)."""
+    until every rank has joined. Returns the group and its rendezvous store. ``store``: the
+    rendezvous store of an earlier join, kept by the trainer so that a second join neither binds the
+    port again nor reads an old group's keys (each join has a group name of its own)."""
     from torch.distributed.distributed_c10d import (
         Backend,
         PrefixStore,
@@ -145,12 +145,7 @@ async def broadcast_update(engine, state_dict: dict[str, Any], version: str) -> 
     loop = asyncio.get_running_loop()
     workers = await engine.workers()
     if engine.update_group is None:
-        # A group left after a failed update is joined anew under another name (SGLang keeps its
-        # groups by name; the store may still hold the old group's keys).
-        engine.update_group_name = (
-            GROUP_NAME if engine.update_joins == 0 else f"{GROUP_NAME}-{engine.update_joins}"
-        )
-        engine.update_joins += 1
+        engine.update_joins += 1  # a group left after a failed update is joined anew, under a new name
         host, _, port = engine.sync_master.rpartition(":")
         world = 1 + engine.ranks_per_worker * len(workers)
         joins = [

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from agentrl.sandbox import SandboxDied
+from agentrl.sandbox import SandboxDied, to_bytes
 
 # --- specs ------------------------------------------------------------------------------------
 
@@ -568,8 +568,9 @@ def _lines(text: str) -> list[str]:
 
 
 def _encode(text: str, what: str) -> bytes:
+    """``text`` as the sandbox writes it (``to_bytes``); a ``ValueError`` the agent reads otherwise."""
     try:
-        return text.encode("utf-8", errors="surrogateescape")
+        return to_bytes(text)
     except UnicodeEncodeError as e:  # a lone surrogate from the call's JSON
         raise ValueError(
             f"{what} holds {text[e.start : e.end]!r}, which is not a character UTF-8 can write"

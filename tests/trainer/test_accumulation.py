@@ -67,14 +67,20 @@ def test_micro_batches_give_the_gradient_of_the_whole_minibatch(kind, agg, kl_co
     same(grads[1], grads[10_000])
 
 
+def backend_with_a_value_head(model, budget: int) -> TorchBackend:
+    """A backend at this micro-batch budget whose value head is not all zeros: values vary."""
+    backend = TorchBackend(copy.deepcopy(model), micro_token_budget=budget, grad_clip=1e9)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(backend.critic.head.weight, std=0.5)
+    return backend
+
+
 def test_the_critic_accumulates_to_the_whole_minibatch_too():
     model, _ = tiny_chat_model(seed=8)
     grads = {}
     for budget in (10_000, 1):
         batch, noise = prepared_batch()
-        backend = TorchBackend(copy.deepcopy(model), micro_token_budget=budget, grad_clip=1e9)
-        torch.manual_seed(0)
-        torch.nn.init.normal_(backend.critic.head.weight, std=0.5)  # not a zero head: values vary
+        backend = backend_with_a_value_head(model, budget)
         batch.old_values = torch.where(batch.loss_mask, backend.values(batch) + noise(), 0.0)
         grads[budget] = gradients(
             backend, lambda b=backend, x=batch: b.train_critic(x, LossConfig()), backend.critic
@@ -93,9 +99,7 @@ def test_the_logged_metrics_are_the_whole_minibatchs_whatever_the_packing(agg):
     logged = {}
     for budget in (10_000, 1):
         batch, noise = prepared_batch()
-        backend = TorchBackend(copy.deepcopy(model), micro_token_budget=budget, grad_clip=1e9)
-        torch.manual_seed(0)
-        torch.nn.init.normal_(backend.critic.head.weight, std=0.5)
+        backend = backend_with_a_value_head(model, budget)
         logp = backend.logprobs(batch)
         batch.old_logprobs = torch.where(batch.loss_mask, logp + noise(), 0.0)
         keep = torch.rand(batch.loss_mask.shape, generator=torch.Generator().manual_seed(2)) > 0.3

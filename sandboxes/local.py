@@ -232,14 +232,12 @@ def gc(temp_dir: str | None = None) -> list[tuple[str, str]]:
         if not match or not path.is_dir() or _alive(int(match.group(1))):
             continue
         if path.is_relative_to("/sys/fs/cgroup"):
-            group = Cgroup.__new__(Cgroup)
+            group = Cgroup.__new__(Cgroup)  # one of another process's: only its directory is known
             group.dirs = [path]
             group.remove()
-            gone = not path.exists()
         else:
             shutil.rmtree(path, ignore_errors=True)
-            gone = not path.exists()
-        if gone:
+        if not path.exists():
             removed.append((str(path), f"its process {match.group(1)} is gone"))
     return removed
 
@@ -249,8 +247,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process: alive
+        pass
     return True
 
 

@@ -87,7 +87,13 @@ def splits(cfg: TrainConfig, env: AgentEnv) -> Splits:
             f"env.eval_tasks={n_eval}, but the {cfg.env.eval_split!r} split of {cfg.env.id} holds "
             f"{len(held)} tasks; set env.eval_tasks <= {len(held)}"
         )
-    return Splits(train, n_train, list(held[:n_eval]))
+    try:
+        held_out = list(held[:n_eval])
+    except (IndexError, ValueError) as e:  # an env that finds fewer tasks than it listed says how many
+        raise ConfigError(
+            f"env.eval_tasks={n_eval}: the {cfg.env.eval_split!r} split of {cfg.env.id}: {e}"
+        ) from None
+    return Splits(train, n_train, held_out)
 
 
 def loop_config(cfg: TrainConfig, *, greedy: bool = False) -> LoopConfig:

@@ -39,7 +39,10 @@ async def collect(cfg: TrainConfig, log=print) -> dict[str, Any]:
             f"collect.first_task={c.first_task} + collect.tasks={c.tasks} is past the {available} tasks of "
             f"the {split!r} split of {cfg.env.id}; lower them"
         )
-    tasks = list(env_tasks[c.first_task : c.first_task + c.tasks])
+    try:
+        tasks = list(env_tasks[c.first_task : c.first_task + c.tasks])
+    except (IndexError, ValueError) as e:  # an env that finds fewer tasks than it listed says how many
+        raise ConfigError(f"collect.tasks={c.tasks}: the {split!r} split of {cfg.env.id}: {e}") from None
     store_dir = writable_dir(c.store or cfg.run_dir / "trajectories", "collect.store")
     seed_everything(cfg.run.seed)
     policy, tokenizer = load_policy(cfg, probe)

@@ -153,10 +153,13 @@ class BugfixEnv(CodingEpisodeEnv):
     # -- tasks --
     def task(self, split: str, index: int) -> Task:
         spec = self._generate(split, index)
-        return Task(spec.id, {"split": split, "index": index})
+        return Task(spec.id, {"split": split, "index": index, "key": spec.key[:16]})
 
     def tasks(self, split: str) -> TaskList:
-        """The split's generated tasks (``SPLIT_SIZES``), each made when it is asked for."""
+        """The split's generated tasks (``SPLIT_SIZES``), each made when it is asked for. The held-out
+        split's tasks are distinct up to names, so a narrow layout (``n_modules``, ``n_distractors``,
+        ``templates``) holds fewer: a task past them raises ``HeldOutExhausted`` (an ``IndexError``)
+        naming how many there are."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}; got {split!r}")
         return TaskList(SPLIT_SIZES[split], functools.partial(self.task, split))
@@ -206,7 +209,15 @@ class BugfixEnv(CodingEpisodeEnv):
             raise ValueError(
                 f"bugfix task {task.id!r} needs data {{'split': 'train'|'test', 'index': int}}; got {task.data!r}"
             ) from None
-        return self._generate(split, index)
+        spec = self._generate(split, index)
+        key = task.data.get("key")
+        if key is not None and key != spec.key[:16]:
+            raise ValueError(
+                f"bugfix task {task.id!r} was drawn as another task (key {key}, now {spec.key[:16]}): it "
+                "comes from another version of the generator or of the env's arguments, and cannot be "
+                "rebuilt; replay its stored episode without --reexec"
+            )
+        return spec
 
     def _generate(self, split: str, index: int) -> BugfixTask:
         return generate(

@@ -6,17 +6,23 @@ injected into one function. Every bug kind is a textual edit of one function; a 
 is checked in-process before it is returned: all tests pass on the correct code, and at least
 one fails on the buggy code.
 
-Splits: a task belongs to the held-out split ``test`` exactly when the hash of its content falls
-in the first tenth of the hash space, and to ``train`` otherwise, so the splits share no task by
-construction. Task ``(split, index)`` is drawn from a seed made of both, re-drawn until its content
-lands in its split.
+Splits: a task belongs to the held-out split ``test`` exactly when the hash of its content with the
+drawn names left out (``BugfixTask.key``: package, module and function names) falls in the first
+tenth of the hash space, and to ``train`` otherwise. So the splits share no task, not even one renamed:
+the same functions, constants and bug under other names are the same task. Train task ``index`` is
+drawn from a seed made of both, re-drawn until it lands in ``train``. The held-out tasks are also
+distinct from each other: test task ``i`` is the ``i``-th new key met in one seeded stream of draws, so a
+held-out score counts each task once, and a layout too narrow to hold as many held-out tasks as asked
+for stops with the number it holds (``HeldOutExhausted``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 import textwrap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,16 +60,26 @@ def _pick(rng: random.Random, names: tuple[str, ...]) -> str:
 def t_scale(rng):
     name = _pick(rng, ("scale", "scale_all", "multiply_each", "times_each"))
     k = rng.randint(2, 9)
+    values = [rng.randint(-9, 9) for _ in range(3)]
     code = f"def {name}(values, factor):\n    return [v * factor for v in values]\n"
-    tests = [f"assert {name}([1, 2, 3], {k}) == [{k}, {2 * k}, {3 * k}]", f"assert {name}([], {k}) == []"]
+    tests = [
+        f"assert {name}({values}, {k}) == {[v * k for v in values]}",
+        f"assert {name}([1, 2, 3], {k}) == [{k}, {2 * k}, {3 * k}]",
+        f"assert {name}([], {k}) == []",
+    ]
     return Function(name, code, tests, {"wrong_operator": ("v * factor", "v + factor")})
 
 
 def t_sum_to(rng):
     name = _pick(rng, ("sum_to", "triangle", "sum_up_to", "total_to"))
-    n = rng.randint(4, 12)
+    n, m = rng.randint(4, 12), rng.randint(13, 99)
     code = f"def {name}(n):\n    total = 0\n    for i in range(1, n + 1):\n        total += i\n    return total\n"
-    tests = [f"assert {name}({n}) == {n * (n + 1) // 2}", f"assert {name}(1) == 1", f"assert {name}(0) == 0"]
+    tests = [
+        f"assert {name}({n}) == {n * (n + 1) // 2}",
+        f"assert {name}({m}) == {m * (m + 1) // 2}",
+        f"assert {name}(1) == 1",
+        f"assert {name}(0) == 0",
+    ]
     return Function(
         name,
         code,
@@ -75,8 +91,10 @@ def t_sum_to(rng):
 def t_clamp(rng):
     name = _pick(rng, ("clamp", "bound", "limit", "clip_value"))
     lo, hi = rng.randint(-10, 0), rng.randint(5, 20)
+    inside = rng.randint(lo, hi)
     code = f"def {name}(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
     tests = [
+        f"assert {name}({inside}, {lo}, {hi}) == {inside}",
         f"assert {name}({lo - 3}, {lo}, {hi}) == {lo}",
         f"assert {name}({hi + 4}, {lo}, {hi}) == {hi}",
         f"assert {name}(3, {lo}, {hi}) == 3",
@@ -135,8 +153,10 @@ def t_safe_divide(rng):
 def t_count_at_least(rng):
     name = _pick(rng, ("count_at_least", "count_passing", "num_above", "tally_min"))
     t = rng.randint(3, 8)
+    values = [rng.randint(0, 12) for _ in range(4)]
     code = f"def {name}(values, threshold):\n    return sum(1 for v in values if v >= threshold)\n"
     tests = [
+        f"assert {name}({values}, {t}) == {sum(v >= t for v in values)}",
         f"assert {name}([{t - 1}, {t}, {t + 1}], {t}) == 2",
         f"assert {name}([], {t}) == 0",
         f"assert {name}([{t}, {t}], {t}) == 2",
@@ -147,15 +167,23 @@ def t_count_at_least(rng):
 def t_percent(rng):
     name = _pick(rng, ("percent", "share", "percentage", "pct_of"))
     part, whole = rng.randint(1, 4), rng.choice((5, 8, 10, 20))
+    part2, whole2 = rng.randint(1, 19), rng.choice((2, 4, 25, 40, 50))
     code = f"def {name}(part, whole):\n    return part / whole * 100\n"
-    tests = [f"assert {name}({part}, {whole}) == {part / whole * 100!r}", f"assert {name}(0, {whole}) == 0"]
+    tests = [
+        f"assert {name}({part}, {whole}) == {part / whole * 100!r}",
+        f"assert {name}({part2}, {whole2}) == {part2 / whole2 * 100!r}",
+        f"assert {name}(0, {whole}) == 0",
+    ]
     return Function(name, code, tests, {"swapped_args": ("part / whole", "whole / part")})
 
 
 def t_last_n(rng):
     name = _pick(rng, ("last_n", "tail", "take_last", "most_recent"))
+    items = [rng.randint(0, 9) for _ in range(rng.randint(3, 6))]
+    n = rng.randint(1, len(items) - 1)
     code = f"def {name}(items, n):\n    if n <= 0:\n        return []\n    return items[-n:]\n"
     tests = [
+        f"assert {name}({items}, {n}) == {items[-n:]}",
         f"assert {name}([1, 2, 3, 4], 2) == [3, 4]",
         f"assert {name}([1, 2, 3], 0) == []",
         f"assert {name}([], 3) == []",
@@ -176,12 +204,18 @@ def t_last_n(rng):
 
 def t_is_leap(rng):
     name = _pick(rng, ("is_leap", "leap_year", "has_feb_29", "is_leap_year"))
+    leap = 4 * rng.randint(400, 550)
+    leap += 4 if leap % 100 == 0 else 0
+    century = rng.choice((1700, 1800, 1900, 2100, 2200, 2300))
+    quad = rng.choice((1600, 2000, 2400))
+    plain = rng.randint(1601, 2199)
+    plain += 1 if plain % 4 == 0 else 0
     code = f"def {name}(year):\n    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)\n"
     tests = [
-        f"assert {name}(2024) is True",
-        f"assert {name}(1900) is False",
-        f"assert {name}(2000) is True",
-        f"assert {name}(2023) is False",
+        f"assert {name}({leap}) is True",
+        f"assert {name}({century}) is False",
+        f"assert {name}({quad}) is True",
+        f"assert {name}({plain}) is False",
     ]
     return Function(
         name,
@@ -241,9 +275,10 @@ def t_average(rng):
 def t_fit_width(rng):
     name = _pick(rng, ("fit_width", "pad_to", "fixed_width", "left_justify"))
     w = rng.randint(4, 8)
+    short = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 3)))
     code = f"def {name}(text, width, fill='.'):\n    return text[:width].ljust(width, fill)\n"
     tests = [
-        f"assert {name}('ab', {w}) == 'ab' + '.' * {w - 2}",
+        f"assert {name}({short!r}, {w}) == {short!r} + '.' * {w - len(short)}",
         f"assert {name}('x' * {w + 3}, {w}) == 'x' * {w}",
     ]
     return Function(name, code, tests, {"swapped_args": ("ljust(width, fill)", "ljust(fill, width)")})
@@ -306,6 +341,9 @@ class BugfixTask:
     """``{"path", "old", "new"}``: the edit that fixes the bug (the scripted expert's)."""
     failing_tests: list[str] = field(default_factory=list)
     content_hash: str = ""
+    """Hash of the files, names and all."""
+    key: str = ""
+    """Hash of the task with its drawn names left out: what the splits and held-out distinctness go by."""
 
 
 def _module_source(functions: list[Function]) -> str:
@@ -389,6 +427,7 @@ def _draw(
         files[f"tests/test_{m}.py"] = tests[m]
     files["tests/__init__.py"] = ""
     n_tests = sum(len(f.tests) for fns in layout.values() for f in fns)
+    functions = [f for m in modules for f in layout[m]]
     digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(files.items())).encode()).hexdigest()
     return BugfixTask(
         id="",
@@ -402,7 +441,23 @@ def _draw(
         fix={"path": f"{package}/{module}.py", "old": buggy_snippet, "new": correct_snippet},
         failing_tests=[f"tests/{name}" for name in failing],
         content_hash=digest,
+        key=_nameless_key([layout[m] for m in modules], functions.index(target), kind),
     )
+
+
+def _nameless_key(modules: list[list[Function]], target: int, kind: str) -> str:
+    """Hash of a draw with its names replaced by their places (``f0``, ``f1``, ... in drawing order; the
+    package's and modules' names, which only the paths and imports carry, left out)."""
+    parts, place = [kind, str(target)], 0
+    for functions in modules:
+        parts.append("module")
+        for fn in functions:
+            rename = re.compile(rf"\b{re.escape(fn.name)}\b")
+            new = f"f{place}"
+            parts += [rename.sub(new, fn.code), *(rename.sub(new, t) for t in fn.tests)]
+            parts += [rename.sub(new, x) for k in sorted(fn.bugs) for x in (k, *fn.bugs[k])]
+            place += 1
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def fails_after(task: BugfixTask, old: str, new: str) -> bool:
@@ -420,8 +475,41 @@ def fails_after(task: BugfixTask, old: str, new: str) -> bool:
         return True
 
 
-def split_of(content_hash: str) -> str:
-    return "test" if int(content_hash[:8], 16) < 0x19999999 else "train"  # first tenth of the hash space
+def split_of(key: str) -> str:
+    """The split of a task with this ``BugfixTask.key``."""
+    return "test" if int(key[:8], 16) < 0x19999999 else "train"  # first tenth of the hash space
+
+
+class HeldOutExhausted(IndexError):
+    """The held-out split holds fewer distinct tasks than were asked for under these arguments (an
+    ``IndexError``: a split listed as longer ends here)."""
+
+    def __init__(self, held: int, draws: int):
+        self.held = held
+        super().__init__(
+            f"the held-out split holds {held} distinct task(s) under these arguments (no new one in "
+            f"{draws:,} draws): ask for at most {held}, or widen the draw (more templates, packages or "
+            "modules do not count: names are left out when tasks are compared)"
+        )
+
+
+HELD_OUT_PATIENCE = 20_000
+"""Draws without a new held-out task after which the held-out split counts as exhausted."""
+
+
+class _HeldOut:
+    """The held-out split under one set of arguments: the draws (by attempt number) that gave a new key,
+    in order, found as far as asked for."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.attempts: list[int] = []
+        self.keys: set[str] = set()
+        self.next_attempt = 0
+        self.exhausted = False
+
+
+_HELD_OUT: dict[str, _HeldOut] = {}
 
 
 def generate(
@@ -459,16 +547,50 @@ def generate(
     if single_bug:
         names += "/single-bug"
     pool = tuple(TEMPLATES[TEMPLATE_NAMES.index(n)] for n in template_names)
-    for attempt in range(10_000):
-        rng = random.Random(f"bugfix/{seed}/{split}/{index}/{n_modules}/{n_distractors}{names}/{attempt}")
-        task = _draw(rng, n_modules, n_functions, package_names, module_names, pool, single_bug)
-        if task is not None and split_of(task.content_hash) == split:
-            task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
-            if names:
-                task.id += "-n" + hashlib.sha256(names.encode()).hexdigest()[:6]
-            task.split = split
-            return task
-    raise RuntimeError(f"could not draw task {split}/{index}")  # pragma: no cover (10k draws)
+
+    def draw(stream: str, attempt: int) -> BugfixTask | None:
+        rng = random.Random(f"bugfix/{seed}/{stream}/{n_modules}/{n_distractors}{names}/{attempt}")
+        return _draw(rng, n_modules, n_functions, package_names, module_names, pool, single_bug)
+
+    task = None
+    if split == "test":
+        held = _HELD_OUT.setdefault(f"{seed}/{n_modules}/{n_distractors}{names}", _HeldOut())
+        with held.lock:
+            task = _held_out(held, index, lambda attempt: draw("test", attempt))
+    else:
+        for attempt in range(10_000):
+            task = draw(f"{split}/{index}", attempt)
+            if task is not None and split_of(task.key) == split:
+                break
+        else:  # pragma: no cover (nine in ten draws land in train)
+            raise RuntimeError(f"could not draw task {split}/{index}")
+    task.id = f"{split}-{index:06d}-m{n_modules}d{n_distractors}" + (f"-s{seed}" if seed else "")
+    if names:
+        task.id += "-n" + hashlib.sha256(names.encode()).hexdigest()[:6]
+    task.split = split
+    return task
+
+
+def _held_out(held: _HeldOut, index: int, draw: Callable[[int], BugfixTask | None]) -> BugfixTask:
+    """Held-out task ``index``: the draw that gave the ``index``-th new key in the test stream."""
+    if index < len(held.attempts):
+        task = draw(held.attempts[index])
+        assert task is not None
+        return task
+    last = held.next_attempt
+    while len(held.attempts) <= index and not held.exhausted:
+        attempt = held.next_attempt
+        held.next_attempt += 1
+        task = draw(attempt)
+        if task is not None and split_of(task.key) == "test" and task.key not in held.keys:
+            held.keys.add(task.key)
+            held.attempts.append(attempt)
+            last = held.next_attempt
+        elif held.next_attempt - last >= HELD_OUT_PATIENCE:
+            held.exhausted = True
+    if index >= len(held.attempts):
+        raise HeldOutExhausted(len(held.attempts), HELD_OUT_PATIENCE)
+    return draw(held.attempts[index])  # type: ignore[return-value]
 
 
 def check_layout(

@@ -1,13 +1,16 @@
 """bugfix-v0 on both sandbox backends: the expert earns 1, doing nothing or editing the tests earns 0."""
 
 import asyncio
+import random
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from agentrl.env import make
+from agentrl.env import Task, make
 from agentrl.envs.bugfix import expert_turns
-from agentrl.envs.bugfix.generator import BUG_KINDS, _run_tests, generate
+from agentrl.envs.bugfix.generator import BUG_KINDS, TEMPLATE_NAMES, TEMPLATES, _run_tests, generate
 from agentrl.tools import CODING_TOOLS, ToolCall, parse_hermes, render_hermes
 from tests.conftest import require_docker
 
@@ -28,7 +31,8 @@ def test_thousands_of_distinct_tasks_and_disjoint_splits():
     test = [generate("test", i) for i in range(200)]
     train_hashes = {t.content_hash for t in train}
     assert len(train_hashes) == 2000 and len({t.id for t in train}) == 2000
-    assert not train_hashes & {t.content_hash for t in test}
+    assert not {t.key for t in train} & {t.key for t in test}
+    assert len({t.key for t in test}) == 200  # each held-out task once
     assert set(Counter(t.bug_kind for t in train)) == set(BUG_KINDS)
     assert generate("train", 7) == generate("train", 7)  # deterministic
     with pytest.raises(ValueError, match="split must be one of"):
@@ -52,6 +56,108 @@ def test_every_task_fails_as_given_and_passes_with_the_fix(n_modules, n_distract
         module = task.fix["path"].split("/")[1][:-3]
         sources[module] = sources[module].replace(task.fix["old"], task.fix["new"])
         assert _run_tests(sources, tests) == []  # the fix fixes it
+
+
+QUICKSTART_DRAW = {
+    "n_modules": 1,
+    "n_distractors": 0,
+    "packages": ["calc"],
+    "modules": ["mathops"],
+    "single_bug": True,
+    "templates": [
+        *("scale", "sum_to", "clamp", "count_at_least", "percent"),
+        *("last_n", "is_leap", "argmax", "average", "fit_width"),
+    ],
+}
+
+
+def _nameless(task) -> str:
+    """The task's files with its function's name blanked: what a renamed copy shares (one function)."""
+    (name,) = re.findall(r"^def (\w+)", task.files[task.buggy_path], re.M)
+    blank = re.compile(rf"\b{name}\b|(?<=test_){name}(?=_\d)")
+    return "\0".join(f"{path}\0{blank.sub('F', text)}" for path, text in sorted(task.files.items()))
+
+
+def test_a_renamed_task_is_the_same_task_and_never_crosses_the_split():
+    """With one package, one module and one function drawn from few templates, the same function,
+    constants and bug come back under other names; the split and held-out distinctness go by the task
+    with its names left out. (Split on the exact files, 48 of the quickstart's 64 held-out tasks were
+    renamed copies of its 1,024 training tasks, and the 64 held 34 distinct tasks.)"""
+    train = [generate("train", i, **QUICKSTART_DRAW) for i in range(1024)]
+    test = [generate("test", i, **QUICKSTART_DRAW) for i in range(64)]
+    train_contents = {_nameless(t) for t in train}
+    assert len(train_contents) < len({t.content_hash for t in train})  # renamed copies are drawn
+    assert not {_nameless(t) for t in test} & train_contents
+    assert len({_nameless(t) for t in test}) == 64
+    # the key is what was checked by hand above: equal exactly when the nameless files are equal
+    pairs = {}
+    for t in train + test:
+        assert pairs.setdefault(t.key, _nameless(t)) == _nameless(t)
+    assert len(pairs) == len({_nameless(t) for t in train + test})
+
+
+def _template(code: str) -> str:
+    """The code of a one-function source with its name blanked (``code`` is the fixed file)."""
+    (name,) = re.findall(r"^def (\w+)", code, re.M)
+    return re.sub(rf"\b{name}\b", "F", code)
+
+
+def test_the_quickstart_draw_holds_every_template_out():
+    """Each template draws its tests' inputs, so each has hundreds to thousands of tasks up to names, and
+    the held-out split, one task per key, holds every template about equally (with fixed inputs, five
+    templates had 1 to 16 tasks each, none to two of them held out, and two templates filled 47 of 64)."""
+    templates = {
+        _template(TEMPLATES[TEMPLATE_NAMES.index(t)](random.Random(0)).code): t
+        for t in QUICKSTART_DRAW["templates"]
+    }
+    held = Counter()
+    for i in range(640):
+        task = generate("test", i, **QUICKSTART_DRAW)
+        fixed = task.files[task.buggy_path].replace(task.fix["old"], task.fix["new"])
+        held[templates[_template(fixed)]] += 1
+    assert set(held) == set(QUICKSTART_DRAW["templates"])
+    assert all(0.05 * 640 <= n <= 0.16 * 640 for n in held.values()), held
+
+
+def test_a_narrow_draw_holds_few_held_out_tasks_and_says_how_many(monkeypatch):
+    from agentrl.envs.bugfix import generator
+
+    monkeypatch.setattr(generator, "HELD_OUT_PATIENCE", 2_000)
+    narrow = {**QUICKSTART_DRAW, "templates": ["safe_divide", "discount"], "single_bug": False}
+    everything = {generate("train", i, **narrow).key for i in range(800)}
+    held = []
+    with pytest.raises(generator.HeldOutExhausted, match=r"holds \d+ distinct task") as e:
+        for i in range(100):
+            held.append(generate("test", i, **narrow))
+    assert e.value.held == len(held) == len({t.key for t in held}) > 0
+    assert not everything & {t.key for t in held}
+    # safe_divide: 9 defaults x 2 bugs; discount: (4 rates x 3 prices) x 2 bugs
+    assert len(everything) + len(held) == 9 * 2 + 4 * 3 * 2
+    assert generate("test", 0, **narrow) == held[0]  # the split stays as found
+    # a run that asks for more held-out tasks than the layout holds stops with one line naming both
+    from agentrl.config import ConfigError, TrainConfig, load_config
+    from agentrl.rollout.from_config import splits
+
+    cfg = load_config(
+        TrainConfig,
+        str(Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"),
+        ["env.eval_tasks=50", "env.args.templates=[safe_divide, discount]", "env.args.single_bug=false"],
+    )
+    with pytest.raises(ConfigError, match=rf"env.eval_tasks=50: .*holds {len(held)} distinct"):
+        splits(cfg, make("bugfix-v0", sandbox="local", **cfg.env.args))
+
+
+def test_a_task_drawn_by_another_generator_is_refused_not_rebuilt_as_another():
+    """A stored task carries its key: rebuilt by a generator (or env arguments) that now draws another
+    task at its index, it stops with a line saying so, instead of replaying against another task."""
+    env = make("bugfix-v0", sandbox="local", n_modules=1, n_distractors=0)
+    task = env.task("test", 3)
+    assert env.task_spec(task).key.startswith(task.data["key"])
+    older = Task(task.id, {"split": "test", "index": 3})  # a store written before tasks carried keys
+    assert env.task_spec(older) == env.task_spec(task)
+    moved = Task(task.id, {**task.data, "key": "0" * 16})
+    with pytest.raises(ValueError, match="drawn as another task .*without --reexec"):
+        env.task_spec(moved)
 
 
 def test_name_pools_fix_the_layout_and_keep_tasks_distinct():

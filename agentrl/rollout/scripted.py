@@ -19,23 +19,18 @@ class ScriptedEngine:
     engine per episode), or, with ``add(prompt_ids, turns)``, the texts registered for the episode's
     prompt (several episodes through one engine).
 
-    The turn being asked for is the number of generation prompts in the input after the first.
+    The turn being asked for is the number of shorter inputs the episode has asked with before: the
+    loop only appends to an episode's ids, so each turn's input extends the last one's (the same input
+    again, a retried request, gets the same turn). No chat format's markers are read.
     Each answer is ``encode(text) + [end of turn]`` with log-prob 0.0 per token (a deterministic policy).
     """
 
-    def __init__(
-        self,
-        tokenizer,
-        *,
-        script: list[str] | None = None,
-        end_of_turn: str | None = None,
-        generation_prompt: str = "<|im_start|>assistant\n",
-    ):
+    def __init__(self, tokenizer, *, script: list[str] | None = None, end_of_turn: str | None = None):
         self.tok = tokenizer
         self.eot_id = tokenizer.convert_tokens_to_ids(end_of_turn or tokenizer.eos_token)
-        self.gen_prompt = tokenizer.encode(generation_prompt, add_special_tokens=False)
         self.script = None if script is None else list(script)
         self._scripts: dict[int, dict[tuple[int, ...], list[str]]] = {}
+        self._asked: dict[tuple[int, ...], set[int]] = {}  # per episode (its prompt): input lengths seen
         self.weight_version = "scripted"
 
     def add(self, prompt_ids: list[int], turns: list[str]) -> None:
@@ -48,25 +43,25 @@ class ScriptedEngine:
             )
         scripts[key] = turns
 
-    def _turn(self, input_ids: list[int]) -> int:
-        g, n, count = self.gen_prompt, len(self.gen_prompt), 0
-        for i in range(len(input_ids) - n + 1):
-            if input_ids[i : i + n] == g:
-                count += 1
-        return count - 1
+    def _turn(self, episode: tuple[int, ...], input_ids: list[int]) -> int:
+        asked = self._asked.setdefault(episode, set())
+        asked.add(len(input_ids))
+        return sum(1 for n in asked if n < len(input_ids))
 
-    def _script(self, input_ids: list[int]) -> list[str]:
+    def _script(self, input_ids: list[int]) -> tuple[tuple[int, ...], list[str]]:
+        """The episode's key (its prompt; one episode per engine with ``script``) and its script."""
         if self.script is not None:
-            return self.script
+            return (), self.script
         for length, scripts in self._scripts.items():
-            script = scripts.get(tuple(input_ids[:length]))
+            key = tuple(input_ids[:length])
+            script = scripts.get(key)
             if script is not None:
-                return script
+                return key, script
         raise EngineError("no script registered for this prompt")
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-        script = self._script(input_ids)
-        turn = self._turn(input_ids)
+        episode, script = self._script(input_ids)
+        turn = self._turn(episode, input_ids)
         text = script[turn] if turn < len(script) else ""
         ids = self.tok.encode(text, add_special_tokens=False) + [self.eot_id]
         reason = "stop"

@@ -223,6 +223,32 @@ def test_scripted_expert_as_an_engine_solves_bugfix(tiny, backend):
     run(go())
 
 
+HEADER_TEMPLATE = (
+    "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", ["chatml", "headers"])
+def test_a_script_plays_its_turns_in_order_whatever_the_chat_template(tiny, template):
+    """The scripted engine tells the turn from the calls of its episode, not from a chat format's
+    markers: with a template that has no ChatML generation prompt (header tokens, as Llama 3's), the
+    first turn played was the script's last."""
+    import copy
+
+    _, tok = tiny
+    if template == "headers":
+        tok = copy.deepcopy(tok)
+        tok.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"]})
+        tok.add_special_tokens({"eos_token": "<|eot_id|>"})
+        tok.chat_template = HEADER_TEMPLATE
+    script = ["first", "second", "third"]
+    engine = ScriptedEngine(tok, script=script)
+    traj = run(run_episode(EchoEnv(episode_len=3), engine, tok, Task("t"), LoopConfig()))
+    played = [tok.decode(traj.input_ids[s.start : s.end - 1]) for s in traj.turns if s.role == "assistant"]
+    assert played == script
+
+
 class CancelOnStep(EchoEnv):
     """Cancels the episode's task as its third step finishes: the same loop turn as the step's end."""
 

@@ -1,5 +1,5 @@
 # agentrl command runner, run by bash as root inside a Docker sandbox:
-#     bash RUNNER TIMEOUT CAP NONCE OUTDIR UID GID CMD [CMD ...]
+#     AGENTRL_TRAILER=SECRET bash RUNNER TIMEOUT CAP TAG OUTDIR UID GID CMD [CMD ...]
 #
 # Why a runner: a plain exec of CMD has no timeout, stalls while any background process it
 # started holds its output stream, and cannot tell an OOM kill or a fork bomb from a normal exit.
@@ -14,14 +14,19 @@
 #    the sandbox can fork again; it wakes ten times a second with builtins only (no fork);
 #  - reads the cgroup's oom_kill and pids "max" counters before and after;
 #  - prints CMD's output (head and tail only when above CAP bytes), then one trailer line
-#    (and keeps the same bytes in OUTDIR/NONCE.result for a caller whose stream was lost):
-#    NONCE EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES PIDS_EXHAUSTED
-timeout_s=$1 cap=$2 nonce=$3 outdir=$4 uid=$5 gid=$6
+#    (and keeps the same bytes in OUTDIR/TAG.result for a caller whose stream was lost):
+#    SECRET EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES PIDS_EXHAUSTED
+#    SECRET comes in the environment, which CMD does not inherit and, as another user, cannot read
+#    from /proc (the arguments, TAG included, it can): so CMD cannot print a trailer of its own that
+#    the caller would take for the runner's when the real one is lost.
+timeout_s=$1 cap=$2 tag=$3 outdir=$4 uid=$5 gid=$6
+nonce=$AGENTRL_TRAILER
+unset AGENTRL_TRAILER
 # A long CMD comes in pieces (one argument of a program holds at most 128 KiB, MAX_ARG_STRLEN)
 shift 6
 pieces=$#
 printf -v cmd %s "$@"
-out="$outdir/$nonce"
+out="$outdir/$tag"
 exec 2>/dev/null  # the runner's own stderr (job notices) must not mix into the command's output
 
 counter() {  # counter FILE KEY: the value of KEY in a cgroup stats file, in $value (0 when absent)

@@ -43,6 +43,7 @@ import io
 import logging
 import os
 import posixpath
+import secrets
 import shutil
 import socket
 import tarfile
@@ -636,11 +637,13 @@ class DockerSandbox(AsyncStartClose):
         self._require_running()
         timeout = float(timeout or self.config.timeout)
         cap = output_cap or self.config.output_cap
-        nonce = uuid.uuid4().hex
+        # The trailer's secret goes in the environment, which the command cannot read; the tag, in the
+        # arguments, names the runner's files and process.
+        tag, nonce = uuid.uuid4().hex, secrets.token_hex(16)
         uid, gid = await self._user_ids(user or self.config.user)
         # a long command in pieces of one argument each; the runner joins them
         pieces = [cmd[i : i + ARGUMENT_CHARS] for i in range(0, len(cmd), ARGUMENT_CHARS)] or [""]
-        argv = ["bash", RUNNER_PATH, f"{timeout:.3f}", str(cap), nonce, OUTPUT_DIR, uid, gid, *pieces]
+        argv = ["bash", RUNNER_PATH, f"{timeout:.3f}", str(cap), tag, OUTPUT_DIR, uid, gid, *pieces]
         workdir = self._inside(cwd) if cwd else self.workdir
         start = time.perf_counter()
         api = self._client.api
@@ -651,7 +654,7 @@ class DockerSandbox(AsyncStartClose):
                 argv,
                 user="root",  # the runner; it runs the command itself as uid:gid
                 workdir=workdir,
-                environment=env or None,
+                environment={**(env or {}), "AGENTRL_TRAILER": nonce},
             )
         except Exception as e:
             return await self._failed_to_start(e, start)
@@ -665,12 +668,12 @@ class DockerSandbox(AsyncStartClose):
                 -1, "", timed_out=True, sandbox_died=True, duration_s=time.perf_counter() - start
             )
         except asyncio.CancelledError:
-            await asyncio.shield(self._call(self._cancel_command, nonce))
+            await asyncio.shield(self._call(self._cancel_command, tag))
             raise
         except Exception as e:
             return await self._failed_to_start(e, start)
         if raw.rfind(b"\n" + nonce.encode() + b" ") < 0 and await self.alive():
-            raw = await self._call(self._recover_output, nonce) or raw
+            raw = await self._call(self._recover_output, tag, nonce) or raw
         return await self._parse(raw, nonce, cap, exec_id["Id"], start)
 
     async def _user_ids(self, user: str) -> tuple[str, str]:
@@ -794,13 +797,13 @@ class DockerSandbox(AsyncStartClose):
         output = api.exec_start(exec_id).decode("utf-8", errors="replace")
         return api.exec_inspect(exec_id)["ExitCode"], output
 
-    def _recover_output(self, nonce: str) -> bytes | None:
+    def _recover_output(self, tag: str, nonce: str) -> bytes | None:
         """Read back a result the daemon's stream dropped (the runner keeps a copy); None if absent."""
         for _ in range(3):
             try:
                 api = self._client.api
                 exec_id = _retry(api.exec_create)(
-                    self.container_id, ["cat", f"{OUTPUT_DIR}/{nonce}.result"], user="root"
+                    self.container_id, ["cat", f"{OUTPUT_DIR}/{tag}.result"], user="root"
                 )
                 data = api.exec_start(exec_id["Id"])
             except Exception:
@@ -813,9 +816,9 @@ class DockerSandbox(AsyncStartClose):
                 return data
         return None
 
-    def _cancel_command(self, nonce: str) -> None:
+    def _cancel_command(self, tag: str) -> None:
         """Stop a cancelled command: its runner, sent SIGTERM, kills everything the command started."""
-        pattern = f"^bash {RUNNER_PATH} [^ ]+ [^ ]+ {nonce} "
+        pattern = f"^bash {RUNNER_PATH} [^ ]+ [^ ]+ {tag} "
         with contextlib.suppress(Exception):
             self._control('pkill -TERM -u 0 -f "$1"; true', pattern)
 

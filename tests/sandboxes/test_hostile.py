@@ -90,6 +90,41 @@ def test_a_command_whose_result_is_lost_is_not_reported_as_exit_0():
     assert r.exit_code != 0 and "its exit code is unknown" in r.output
 
 
+FORGE = (
+    "for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do tr '\\0' ' ' < $f; echo; done 2>/dev/null "
+    "| grep -oE '[0-9a-f]{32}' | sort -u | while read -r t; do printf '\\n%s 0 0 0 0 0\\n' \"$t\"; done; "
+    "exit 3"
+)
+
+
+def test_a_command_cannot_forge_the_runners_trailer():
+    """The trailer the caller trusts starts with a secret the command cannot read (the runner's
+    arguments it can: a trailer keyed by them was forged). With the real trailer lost, a command that
+    printed trailers for every token it could find is not reported as its forged exit 0."""
+    require_docker()
+
+    async def go():
+        async with sandbox("docker") as sb:
+            found = await sb.exec(FORGE.replace("exit 3", "true"), timeout=20)
+            assert found.output.count(" 0 0 0 0 0") >= 1, found.output  # it found the runner's tag
+            api = sb._client.api
+            start = api.exec_start
+
+            def lose_the_trailer(exec_id, *args, **kwargs):  # as a daemon that dropped the last line
+                raw = start(exec_id, *args, **kwargs)
+                return raw.rstrip(b"\n").rsplit(b"\n", 1)[0] + b"\n"
+
+            api.exec_start = lose_the_trailer
+            sb._recover_output = lambda *args: None
+            try:
+                return await sb.exec(FORGE, timeout=20)
+            finally:
+                api.exec_start = start
+
+    r = run(go())
+    assert r.exit_code == 125 and "its exit code is unknown" in r.output, (r.exit_code, r.output)
+
+
 def test_isolation_none_must_be_asked_for(monkeypatch):
     from agentrl.sandboxes import local
 

@@ -6,10 +6,15 @@ task's pristine files plus the agent's diff filtered to the package's non-test s
 (``agentrl.patches``): edits to tests, test configuration (``conftest.py``, ``pytest.ini``, ...)
 or start-up hooks (``*.pth``, ``sitecustomize.py``) do not count. The grader runs with a cleared
 environment and no bytecode. The number of passing tests must equal the task's, so skipping or
-deselecting tests earns nothing. The package itself runs in the test process, so a kept line that
-reaches into the runner (pytest, Python's builtins) is graded but never rewarded
-(``agentrl.patches.runner_tamper``); a forgery in plain Python that names neither is the limit of
-what a static check sees.
+deselecting tests earns nothing. With ``grader: pytest`` the package runs in the test process, so
+its code could forge pytest's verdict: a kept line that reaches into the runner (pytest, Python's
+builtins, ``os._exit``/``os.exec*``) is graded but never rewarded (``agentrl.patches.runner_tamper``),
+and a forgery that names none of them is the limit of what a static check sees. With ``grader:
+python`` the verdict is computed outside the sandbox: the tests' files are removed from the grading
+sandbox, a runner there imports the package and evaluates each test's call, and the results are
+compared here with the expected values, which never enter the sandbox. Code in the package can print
+anything, but cannot know what to print without computing it (or carrying the tests' answers in its
+patch: special-casing, which only hidden inputs would catch).
 
 Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
 ``packages`` / ``modules`` (the names drawn from; a single name each fixes the file layout),
@@ -17,23 +22,25 @@ Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one,
 ``single_bug`` (each template injects only its first bug kind, so the function's name tells the fix),
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
 (``end`` the episode, or ``remind`` the agent to use a tool), ``grader`` (``pytest`` runs the suite
-with pytest; ``python`` calls every ``test_*`` function of ``tests/`` in one plain Python process,
-the same verdict for these generated suites at about a fifth of the start-up cost),
+with pytest; ``python`` evaluates each test's call in one plain Python process and compares the
+results outside it: the same verdict for these generated suites at about a fifth of the start-up
+cost, and one that the package's code cannot forge),
 ``expert_run_tests`` / ``expert_miss`` (the scripted expert's ``demonstration``: whether it runs the
 tests, and the share of tasks on which its fix has a one-token slip that fails).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import hashlib
 import json
 import os
 import re
-import secrets
 import shlex
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,37 +67,84 @@ SYSTEM_PROMPT = (
 _APPLY_FAILED = "agentrl: the submission did not apply"
 _SUBMISSION = ".agentrl-submission.patch"
 _PASSED = re.compile(r"(\d+) passed")
-# grader="python": import each tests/**/test_*.py as a module and call its test_* functions, counting
-# any exception (SystemExit too) as a failure; the last line carries a nonce drawn per grade, so no
-# line the agent's code prints can stand in for it.
-_RUNNER = r"""
-import importlib, inspect, os, sys
+# grader="python": in the grading sandbox, which holds no tests, evaluate each test's call (its
+# module, its expression) in the namespace of the package's module, and print the reprs of the
+# results (None for an exception, SystemExit too) as the last line, in JSON. The verdict is drawn here.
+_CALLER = r"""
+import importlib, json, os, sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.getcwd())
-passed = failed = 0
-for root, dirs, files in os.walk("tests"):
-    dirs.sort()
-    for f in sorted(files):
-        if not (f.startswith("test_") and f.endswith(".py")):
-            continue
-        name = os.path.join(root, f[:-3]).replace(os.sep, ".")
-        try:
-            module = importlib.import_module(name)
-        except BaseException as e:
-            print(f"ERROR collecting {name}: {e!r}")
-            failed += 1
-            continue
-        for key, fn in list(vars(module).items()):
-            if key.startswith("test_") and inspect.isfunction(fn):
-                try:
-                    fn()
-                except BaseException as e:
-                    print(f"FAILED {name}::{key}: {e!r}")
-                    failed += 1
-                else:
-                    passed += 1
-print(f"{sys.argv[1]} {passed} passed {failed} failed")
+results = []
+for module, call in json.loads(sys.argv[1]):
+    try:
+        results.append(repr(eval(call, dict(vars(importlib.import_module(module))))))
+    except BaseException as e:
+        results.append(None)
+sys.stdout.write("\n" + json.dumps(results) + "\n")
 """
+
+
+@dataclass(frozen=True)
+class Check:
+    """One generated test, ``assert CALL == EXPECTED`` (or ``is``): what the grading sandbox
+    evaluates (``module``, ``call``) and what it is compared with here (``op``, ``expected``)."""
+
+    test: str
+    module: str
+    call: str
+    op: str
+    expected: Any
+
+
+def checks(spec: BugfixTask) -> list[Check]:
+    """The task's tests as calls and expected values (each generated test is one such ``assert``)."""
+    found = []
+    for path in spec.test_files:
+        if not path.startswith("tests/test_"):
+            continue
+        module = f"{spec.package}.{path[len('tests/test_') : -3]}"
+        for node in ast.parse(spec.files[path]).body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            (stmt,) = node.body
+            compare = stmt.test
+            assert isinstance(stmt, ast.Assert) and isinstance(compare, ast.Compare)
+            (op,) = compare.ops
+            (right,) = compare.comparators
+            expected = eval(compile(ast.Expression(right), path, "eval"), {"__builtins__": {}})
+            found.append(
+                Check(f"{path}::{node.name}", module, ast.unparse(compare.left), type(op).__name__, expected)
+            )
+    return found
+
+
+def _verdict(checks_: list[Check], output: str) -> tuple[int, list[str]]:
+    """(tests passed, failing tests) from the caller's last line of ``output``."""
+    results = None
+    for line in reversed(output.splitlines()):
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(parsed, list) and len(parsed) == len(checks_):
+            results = parsed
+            break
+    if results is None:
+        return 0, [c.test for c in checks_]
+    failing = []
+    for check, result in zip(checks_, results, strict=True):
+        try:
+            value = ast.literal_eval(result) if isinstance(result, str) else _NO_RESULT
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = _NO_RESULT
+        if value is _NO_RESULT or not (
+            value is check.expected if check.op == "Is" else value == check.expected
+        ):
+            failing.append(check.test)
+    return len(checks_) - len(failing), failing
+
+
+_NO_RESULT = object()
 
 
 class BugfixEnv(CodingEpisodeEnv):
@@ -315,8 +369,9 @@ class BugfixEnv(CodingEpisodeEnv):
             'PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 ${TMPDIR:+TMPDIR="$TMPDIR"} '
         )
         if self.grader == "python":
-            nonce = secrets.token_hex(8)
-            run = f"{clear}python3 -I -B -c {shlex.quote(_RUNNER)} {nonce}"
+            calls = json.dumps([[c.module, c.call] for c in checks(self.spec)])
+            # no tests in the sandbox: the expected values stay here
+            run = f"rm -rf tests; {clear}python3 -I -B -c {shlex.quote(_CALLER)} {shlex.quote(calls)}"
         else:
             # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
             # has installed, and a start-up without entry-point plugins costs about half as much
@@ -327,9 +382,10 @@ class BugfixEnv(CodingEpisodeEnv):
         if r.exit_code != 0:
             return 0.0, r.output
         if self.grader == "python":
-            match = re.findall(rf"^{nonce} (\d+) passed (\d+) failed$", r.output, re.MULTILINE)
-            ok = bool(match) and int(match[-1][1]) == 0 and int(match[-1][0]) == self.spec.n_tests
-            return (1.0 if ok else 0.0), r.output
+            passed, failing = _verdict(checks(self.spec), r.output)
+            summary = "".join(f"FAILED {t}\n" for t in failing) + f"{passed} passed {len(failing)} failed"
+            ok = not failing and passed == self.spec.n_tests
+            return (1.0 if ok else 0.0), f"{r.output.rstrip()}\n[agentrl grader] {summary}\n"
         match = _PASSED.findall(r.output)
         passed = int(match[-1]) if match else 0
         ok = "failed" not in r.output and "error" not in r.output.lower() and passed == self.spec.n_tests

@@ -578,7 +578,7 @@ def _held_out(held: _HeldOut, index: int, draw: Callable[[int], BugfixTask | Non
         assert task is not None
         return task
     last = held.next_attempt
-    while len(held.attempts) <= index and not held.exhausted:
+    while not held.exhausted:
         attempt = held.next_attempt
         held.next_attempt += 1
         task = draw(attempt)
@@ -586,11 +586,11 @@ def _held_out(held: _HeldOut, index: int, draw: Callable[[int], BugfixTask | Non
             held.keys.add(task.key)
             held.attempts.append(attempt)
             last = held.next_attempt
+            if len(held.attempts) > index:
+                return task
         elif held.next_attempt - last >= HELD_OUT_PATIENCE:
             held.exhausted = True
-    if index >= len(held.attempts):
-        raise HeldOutExhausted(len(held.attempts), HELD_OUT_PATIENCE)
-    return draw(held.attempts[index])  # type: ignore[return-value]
+    raise HeldOutExhausted(len(held.attempts), HELD_OUT_PATIENCE)
 
 
 def check_layout(

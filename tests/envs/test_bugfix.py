@@ -311,6 +311,43 @@ def test_editing_the_tests_earns_nothing(backend):
 
 # Docker's case runs in the slow suite (make test-slow): 50 s, and the grader is the same code on both.
 @pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.slow)], indirect=True)
+def _call_in_process(spec, fixed: bool) -> str:
+    """What the plain grader's caller prints for ``spec`` (fixed or not), run here on the generated sources."""
+    import json
+    import sys
+    import types
+
+    from agentrl.envs.bugfix import checks
+
+    files = dict(spec.files)
+    if fixed:
+        files[spec.fix["path"]] = files[spec.fix["path"]].replace(spec.fix["old"], spec.fix["new"])
+    results = []
+    for check in checks(spec):
+        module = types.ModuleType(check.module)
+        sys.modules.pop(check.module, None)
+        exec(compile(files[check.module.replace(".", "/") + ".py"], check.module, "exec"), vars(module))
+        try:
+            results.append(repr(eval(check.call, dict(vars(module)))))
+        except BaseException:
+            results.append(None)
+    return "some output\n" + json.dumps(results) + "\n"
+
+
+def test_the_plain_graders_checks_fail_exactly_the_tests_that_fail():
+    """Each generated test becomes one call and one expected value; compared outside the process, they
+    fail exactly the tests that the generator found failing on the buggy code, and none on the fix."""
+    from agentrl.envs.bugfix import _verdict, checks
+
+    for i in range(150):
+        spec = generate("train", i, n_modules=1 + i % 3, n_distractors=i % 3)
+        assert len(checks(spec)) == spec.n_tests
+        passed, failing = _verdict(checks(spec), _call_in_process(spec, fixed=False))
+        assert failing == spec.failing_tests and passed == spec.n_tests - len(failing)
+        assert _verdict(checks(spec), _call_in_process(spec, fixed=True)) == (spec.n_tests, [])
+    assert _verdict(checks(spec), "no result line")[1] == [c.test for c in checks(spec)]
+
+
 def test_python_grader_agrees_with_pytest(backend):
     """The plain-Python grader gives pytest's verdict on the fix, no edit, the other bug's fix, a broken
     module, a module that exits at import, and code that prints a fake summary; a bad name is refused."""

@@ -4,12 +4,13 @@ own sandbox and its file editor wrote as root."""
 
 import asyncio
 import io
+import json
+import shlex
 import tarfile
 
 import pytest
 
 from agentrl.env import make
-from agentrl.envs.bugfix import _RUNNER
 from agentrl.tools import ToolCall
 from tests.conftest import require_docker
 
@@ -107,7 +108,7 @@ def test_pth_hook_on_the_import_path_earns_nothing(backend, grader):
 
 def test_the_hook_is_a_real_forgery_where_root_can_place_it():
     """Control: placed on the import path by root (what the file editor's archive-API writes did),
-    the same hook turns an unfixed task's verdict into a pass in that sandbox, with either grader."""
+    the same hook turns an unfixed task's pytest verdict into a pass in that sandbox."""
     require_docker()
 
     def tar_of(files: dict[str, str]) -> bytes:
@@ -131,18 +132,55 @@ def test_the_hook_is_a_real_forgery_where_root_can_place_it():
             pytest_run = await sb.exec(
                 "python3 -m pytest -q -p no:cacheprovider tests | tail -n 1", timeout=120
             )
-            plain = await sb.exec(f"python3 -c {_quote(_RUNNER)} NONCE", timeout=120)
-            return env.spec.n_tests, pytest_run.output, plain.output
+            return env.spec.n_tests, pytest_run.output
         finally:
             await env.close()
 
-    n_tests, pytest_out, plain_out = run(go())
+    n_tests, pytest_out = run(go())
     assert f"{n_tests} passed" in pytest_out and "failed" not in pytest_out
-    assert f"NONCE {n_tests} passed 0 failed" in plain_out
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
+# Pasted into the package's own source (kept for grading, imported by the grader): it prints the
+# tests' expected values, read from the test files, as the plain grader's result line, and replaces
+# the process with `true` before the real line is printed. It names nothing the static check knows.
+ANSWER_HOOK = """
+import json as _j, os as _o, re as _r, sys as _s
+_found = []
+_files = sorted(f for f in (_o.listdir("tests") if _o.path.isdir("tests") else []) if f.startswith("test_"))
+for _f in _files:
+    for _m in _r.finditer(r"assert .*? (==|is) (.+)", open(_o.path.join("tests", _f)).read()):
+        _found.append(repr(eval(_m.group(2), {})))
+_s.stdout.write("\\n" + _j.dumps(_found) + "\\n"); _s.stdout.flush()
+getattr(_o, "ex" + "ecv")("/bin/true", ["true"])
+"""
+
+
+def test_the_plain_graders_verdict_cannot_be_printed_by_the_package():
+    """The plain grader draws its verdict outside the grading sandbox, which holds no tests: a hook in
+    the package that prints every test's expected value as the result line and exits 0 earns nothing.
+    Control: run where the tests are (the agent's own sandbox), the same hook forges a pass."""
+    from agentrl.envs.bugfix import _CALLER, _verdict, checks
+
+    async def go():
+        env = make("bugfix-v0", sandbox="local", grader="python")
+        try:
+            await env.reset(env.tasks("train")[0])
+            init = f"{env.spec.package}/__init__.py"
+            await env.sandbox.exec(f"cat >> {init} <<'EOF'\n{ANSWER_HOOK}\nEOF", timeout=30)
+            calls = json.dumps([[c.module, c.call] for c in checks(env.spec)])
+            here = await env.sandbox.exec(
+                f"python3 -c {shlex.quote(_CALLER)} {shlex.quote(calls)}", timeout=60
+            )
+            forged = _verdict(checks(env.spec), here.output)
+            result = await env.step([ToolCall("submit", {})])
+            return env.spec.n_tests, forged, result.reward, result.info["grade"]
+        finally:
+            await env.close()
+
+    n_tests, forged, reward, grade = run(go())
+    assert forged == (n_tests, [])  # with the tests at hand, the hook's line passes every check
+    assert reward == 0.0 and not grade.get("runner_tamper") and grade["applied"], grade
+    assert f"0 passed {n_tests} failed" in grade["output"]
 
 
 def test_a_background_loop_rewriting_the_tests_during_grading_earns_nothing(backend):

@@ -21,10 +21,10 @@ Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one,
 ``templates`` (the function templates drawn from, by name: ``generator.TEMPLATE_NAMES``),
 ``single_bug`` (each template injects only its first bug kind, so the function's name tells the fix),
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
-(``end`` the episode, or ``remind`` the agent to use a tool), ``grader`` (``pytest`` runs the suite
-with pytest; ``python`` evaluates each test's call in one plain Python process and compares the
-results outside it: the same verdict for these generated suites at about a fifth of the start-up
-cost, and one that the package's code cannot forge),
+(``end`` the episode, or ``remind`` the agent to use a tool), ``grader`` (``python``, the default,
+evaluates each test's call in one plain Python process and compares the results outside it:
+pytest's verdict for these generated suites at about a fifth of the start-up cost, and one that the
+package's code cannot forge; ``pytest`` runs the suite with pytest, whose verdict it can),
 ``expert_run_tests`` / ``expert_miss`` (the scripted expert's ``demonstration``: whether it runs the
 tests, and the share of tasks on which its fix has a one-token slip that fails).
 """
@@ -169,7 +169,7 @@ class BugfixEnv(CodingEpisodeEnv):
         modules: list[str] | None = None,
         templates: list[str] | None = None,
         single_bug: bool = False,
-        grader: str = "pytest",
+        grader: str = "python",
         expert_run_tests: bool = True,
         expert_miss: float = 0.0,
     ):

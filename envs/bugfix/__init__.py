@@ -6,25 +6,23 @@ task's pristine files plus the agent's diff filtered to the package's non-test s
 (``agentrl.patches``): edits to tests, test configuration (``conftest.py``, ``pytest.ini``, ...)
 or start-up hooks (``*.pth``, ``sitecustomize.py``) do not count. The grader runs with a cleared
 environment and no bytecode. The number of passing tests must equal the task's, so skipping or
-deselecting tests earns nothing. With ``grader: pytest`` the package runs in the test process, so
-its code could forge pytest's verdict: a kept line that reaches into the runner (pytest, Python's
-builtins, ``os._exit``/``os.exec*``) is graded but never rewarded (``agentrl.patches.runner_tamper``),
-and a forgery that names none of them is the limit of what a static check sees. With ``grader:
-python`` the verdict is computed outside the sandbox: the tests' files are removed from the grading
-sandbox, a runner there imports the package and evaluates each test's call, and the results are
-compared here with the expected values, which never enter the sandbox. Code in the package can print
-anything, but cannot know what to print without computing it (or carrying the tests' answers in its
-patch: special-casing, which only hidden inputs would catch).
+deselecting tests earns nothing. The verdict is computed outside the sandbox: the tests' files
+are removed from the grading sandbox, a runner there imports the package and evaluates each test's
+call, and the results are compared here with the expected values, which never enter the sandbox.
+Code in the package can print anything, but cannot know what to print without computing it (or
+carrying the tests' answers in its patch: special-casing, which only hidden inputs would catch).
+``grader: pytest`` then puts the tests back and runs them with pytest too; both must pass. (The
+package runs in pytest's process, so pytest's verdict alone can be forged; a kept line that reaches
+into the runner is also graded but never rewarded: ``agentrl.patches.runner_tamper``.)
 
 Knobs: ``n_modules``, ``n_distractors`` (correct functions beside the buggy one, per module),
 ``packages`` / ``modules`` (the names drawn from; a single name each fixes the file layout),
 ``templates`` (the function templates drawn from, by name: ``generator.TEMPLATE_NAMES``),
 ``single_bug`` (each template injects only its first bug kind, so the function's name tells the fix),
 ``name_failing_test`` (say which tests fail in the prompt), ``max_turns``, ``on_no_tool_call``
-(``end`` the episode, or ``remind`` the agent to use a tool), ``grader`` (``python``, the default,
-evaluates each test's call in one plain Python process and compares the results outside it:
-pytest's verdict for these generated suites at about a fifth of the start-up cost, and one that the
-package's code cannot forge; ``pytest`` runs the suite with pytest, whose verdict it can),
+(``end`` the episode, or ``remind`` the agent to use a tool), ``grader`` (``python``, the default:
+the checks above, pytest's verdict for these generated suites at about a fifth of the start-up
+cost; ``pytest``: the checks, then the suite under pytest),
 ``expert_run_tests`` / ``expert_miss`` (the scripted expert's ``demonstration``: whether it runs the
 tests, and the share of tasks on which its fix has a one-token slip that fails).
 """
@@ -295,12 +293,17 @@ class BugfixEnv(CodingEpisodeEnv):
     def _new_sandbox(self):
         return make_sandbox(self.backend, **self.sandbox_config)
 
-    async def _install_task(self, sandbox, extra: dict[str, str] | None = None, commit: bool = True) -> str:
-        """Put the task's files (and ``extra`` ones) in ``sandbox``'s workspace, and commit them;
-        returns the commit ("" with ``commit=False``)."""
+    async def _install_task(
+        self, sandbox, extra: dict[str, str] | None = None, commit: bool = True, tests_only: bool = False
+    ) -> str:
+        """Put the task's files (and ``extra`` ones; with ``tests_only``, its tests alone) in
+        ``sandbox``'s workspace, and commit them; returns the commit ("" with ``commit=False``)."""
+        files = {**self.spec.files, **(extra or {})}
+        if tests_only:
+            files = {p: c for p, c in self.spec.files.items() if p.startswith("tests/")}
         with tempfile.TemporaryDirectory(prefix="agentrl-bugfix-") as tmp:
             root = Path(tmp) / "task"
-            for path, content in {**self.spec.files, **(extra or {})}.items():
+            for path, content in files.items():
                 (root / path).parent.mkdir(parents=True, exist_ok=True)
                 (root / path).write_bytes(to_bytes(content))  # a patch's bytes as the diff gave them
             os.chmod(root, 0o755)
@@ -368,28 +371,33 @@ class BugfixEnv(CodingEpisodeEnv):
             'env -i PATH="$PATH" HOME="$HOME" LANG=C.UTF-8 TZ=UTC PYTHONHASHSEED=0 '
             'PYTHONDONTWRITEBYTECODE=1 PYTHONNOUSERSITE=1 ${TMPDIR:+TMPDIR="$TMPDIR"} '
         )
-        if self.grader == "python":
-            calls = json.dumps([[c.module, c.call] for c in checks(self.spec)])
-            # no tests in the sandbox: the expected values stay here
-            run = f"rm -rf tests; {clear}python3 -I -B -c {shlex.quote(_CALLER)} {shlex.quote(calls)}"
-        else:
-            # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
-            # has installed, and a start-up without entry-point plugins costs about half as much
-            run = f"{clear}PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -B -m pytest -q -p no:cacheprovider tests"
-        r = await sandbox.exec(
-            f"{prefix}find . -name __pycache__ -prune -exec rm -rf {{}} +; {run}", timeout=120
-        )
+        no_cache = "find . -name __pycache__ -prune -exec rm -rf {} +; "
+        # The checks, with no tests in the sandbox: the expected values stay here.
+        calls = json.dumps([[c.module, c.call] for c in checks(self.spec)])
+        run = f"rm -rf tests; {clear}python3 -I -B -c {shlex.quote(_CALLER)} {shlex.quote(calls)}"
+        r = await sandbox.exec(f"{prefix}{no_cache}{run}", timeout=120)
         if r.exit_code != 0:
             return 0.0, r.output
-        if self.grader == "python":
-            passed, failing = _verdict(checks(self.spec), r.output)
-            summary = "".join(f"FAILED {t}\n" for t in failing) + f"{passed} passed {len(failing)} failed"
-            ok = not failing and passed == self.spec.n_tests
-            return (1.0 if ok else 0.0), f"{r.output.rstrip()}\n[agentrl grader] {summary}\n"
+        passed, failing = _verdict(checks(self.spec), r.output)
+        summary = "".join(f"FAILED {t}\n" for t in failing) + f"{passed} passed {len(failing)} failed"
+        ok = not failing and passed == self.spec.n_tests
+        output = f"{r.output.rstrip()}\n[agentrl grader] {summary}\n"
+        if self.grader == "python" or not ok:
+            return (1.0 if ok else 0.0), output
+        # grader="pytest": the suite under pytest as well, its files put back. What the package's
+        # code does there can only fail a verdict that the checks above have already passed.
+        await self._install_task(sandbox, commit=False, tests_only=True)
+        # pytest's own plugins only: the verdict cannot depend on what else the sandbox's Python
+        # has installed, and a start-up without entry-point plugins costs about half as much
+        run = f"{clear}PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -B -m pytest -q -p no:cacheprovider tests"
+        r = await sandbox.exec(f"{no_cache}{run}", timeout=120)
+        output += r.output
+        if r.exit_code != 0:
+            return 0.0, output
         match = _PASSED.findall(r.output)
         passed = int(match[-1]) if match else 0
         ok = "failed" not in r.output and "error" not in r.output.lower() and passed == self.spec.n_tests
-        return (1.0 if ok else 0.0), r.output
+        return (1.0 if ok else 0.0), output
 
 
 def _compact(spec: dict[str, Any]) -> dict[str, Any]:

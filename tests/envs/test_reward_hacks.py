@@ -229,3 +229,41 @@ def test_the_hook_in_the_packages_own_source_earns_nothing(grader):
     reward, grade = run(go())
     assert reward == 0.0 and grade["runner_tamper"] and grade["dropped_paths"] == []
     assert any("builtins" in line or "_pytest" in line for line in grade["runner_tamper"])
+
+
+# Writes pytest's summary line to every open descriptor (pytest's capture keeps a copy of the real
+# stdout among them) and replaces the process with `true`: pytest's verdict alone was forged by it.
+SUMMARY_HOOK = """
+import os as _o
+for _fd in range(1, 30):
+    try:
+        _o.write(_fd, b"\\n%d passed in 0.01s\\n")
+    except OSError:
+        pass
+getattr(_o, "ex" + "ecv")("/bin/true", ["true"])
+"""
+
+
+@pytest.mark.parametrize("grader", ["pytest", "python"])
+def test_a_summary_printed_by_the_package_earns_nothing(grader):
+    """Control: in the agent's sandbox, pytest with the hook in the package exits 0 and says every test
+    passed. Graded, the hook earns nothing with either grader: the checks drawn outside the sandbox
+    come first, and pytest's verdict counts only beside them."""
+
+    async def go():
+        env = make("bugfix-v0", sandbox="local", grader=grader)
+        try:
+            await env.reset(env.tasks("train")[0])
+            init = f"{env.spec.package}/__init__.py"
+            await env.sandbox.exec(
+                f"cat >> {init} <<'EOF'\n{SUMMARY_HOOK % env.spec.n_tests}\nEOF", timeout=30
+            )
+            alone = await env.sandbox.exec("python3 -m pytest -q -p no:cacheprovider tests", timeout=60)
+            result = await env.step([ToolCall("submit", {})])
+            return env.spec.n_tests, alone, result.reward, result.info["grade"]
+        finally:
+            await env.close()
+
+    n_tests, alone, reward, grade = run(go())
+    assert alone.exit_code == 0 and f"{n_tests} passed" in alone.output and "failed" not in alone.output
+    assert reward == 0.0 and not grade.get("runner_tamper") and grade["applied"], grade

@@ -346,6 +346,8 @@ def test_the_plain_graders_checks_fail_exactly_the_tests_that_fail():
         assert failing == spec.failing_tests and passed == spec.n_tests - len(failing)
         assert _verdict(checks(spec), _call_in_process(spec, fixed=True)) == (spec.n_tests, [])
     assert _verdict(checks(spec), "no result line")[1] == [c.test for c in checks(spec)]
+    deep = "[" * 100_000 + "]" * 100_000  # printed by the package's code: no verdict, and no crash
+    assert _verdict(checks(spec), _call_in_process(spec, fixed=True) + deep + "\n") == (spec.n_tests, [])
 
 
 def test_python_grader_agrees_with_pytest(backend):

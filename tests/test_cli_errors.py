@@ -256,3 +256,22 @@ def test_a_bad_value_is_placed_in_the_file_or_the_override_that_set_it(tmp_path,
     assert main(["config", str(recipe), "algo.clip_low=5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: invalid config in {recipe} and the override algo.clip_low=5: ")
+
+
+def test_rollout_past_the_held_out_tasks_a_layout_holds(monkeypatch, no_model_loads, capsys):
+    """A layout too narrow for the held-out tasks asked for stops before the model loads, with the
+    number it holds."""
+    from agentrl.envs.bugfix import generator
+
+    monkeypatch.setattr(generator, "HELD_OUT_PATIENCE", 2_000)
+    narrow = [
+        "env.args.n_modules=1",
+        "env.args.n_distractors=0",
+        "env.args.templates=[safe_divide, discount]",
+    ]
+    argv = ["rollout", ROLLOUT, "sandbox.kind=local", "collect.split=test", "collect.tasks=50", *narrow]
+    assert main([*argv, "env.args.single_bug=false"]) == 2
+    line = one_error_line(capsys)
+    assert (
+        "error: collect.tasks=50: the 'test' split of bugfix-v0: the held-out split holds 1 distinct" in line
+    )

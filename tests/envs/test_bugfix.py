@@ -309,8 +309,6 @@ def test_editing_the_tests_earns_nothing(backend):
     run(go())
 
 
-# Docker's case runs in the slow suite (make test-slow): 50 s, and the grader is the same code on both.
-@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.slow)], indirect=True)
 def _call_in_process(spec, fixed: bool) -> str:
     """What the plain grader's caller prints for ``spec`` (fixed or not), run here on the generated sources."""
     import json
@@ -350,6 +348,8 @@ def test_the_plain_graders_checks_fail_exactly_the_tests_that_fail():
     assert _verdict(checks(spec), _call_in_process(spec, fixed=True) + deep + "\n") == (spec.n_tests, [])
 
 
+# Docker's case runs in the slow suite (make test-slow): 50 s, and the grader is the same code on both.
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.slow)], indirect=True)
 def test_python_grader_agrees_with_pytest(backend):
     """The plain-Python grader gives pytest's verdict on the fix, no edit, the other bug's fix, a broken
     module, a module that exits at import, and code that prints a fake summary; a bad name is refused."""

@@ -125,22 +125,22 @@ class _Renderer:
         # think block); then with the user turn before it, whose text does not change as messages follow.
         user, assistant = {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}
         probe = [{"role": "tool", "content": "c", "name": "bash", "tool_call_id": "call_0"}]
-        for base in ([user, assistant], [user]):
-            base_text = self._render(base, add_generation_prompt=False)
-            cut = base_text.rfind(self.eot)
-            if cut < 0:
-                raise ValueError(
-                    f"the chat template does not end turns with {self.eot!r}; set LoopConfig.end_of_turn"
-                )
-            self._base, self._base_text = base, base_text[: cut + len(self.eot)]
-            try:
-                if self._render(base + probe).startswith(self._base_text):
-                    break
-            except Exception:  # a template that takes no tool messages: its envs send none; as before
-                self._base, self._base_text = [user, assistant], None
-        if self._base_text is None:
-            text = self._render(self._base, add_generation_prompt=False)
-            self._base_text = text[: text.rfind(self.eot) + len(self.eot)]
+        self._base, self._base_text = [user, assistant], self._up_to_last_eot([user, assistant])
+        try:
+            appends = self._render(self._base + probe).startswith(self._base_text)
+        except Exception:  # a template that takes no tool messages: its envs send none; as before
+            appends = True
+        if not appends:
+            self._base, self._base_text = [user], self._up_to_last_eot([user])
+
+    def _up_to_last_eot(self, messages) -> str:
+        text = self._render(messages, add_generation_prompt=False)
+        cut = text.rfind(self.eot)
+        if cut < 0:
+            raise ValueError(
+                f"the chat template does not end turns with {self.eot!r}; set LoopConfig.end_of_turn"
+            )
+        return text[: cut + len(self.eot)]
 
     def _render(self, messages, tools=None, add_generation_prompt=True) -> str:
         return self.tok.apply_chat_template(

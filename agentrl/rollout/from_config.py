@@ -87,13 +87,18 @@ def splits(cfg: TrainConfig, env: AgentEnv) -> Splits:
             f"env.eval_tasks={n_eval}, but the {cfg.env.eval_split!r} split of {cfg.env.id} holds "
             f"{len(held)} tasks; set env.eval_tasks <= {len(held)}"
         )
+    return Splits(train, n_train, fetch(held, 0, n_eval, f"env.eval_tasks={n_eval}", cfg.env.eval_split, cfg))
+
+
+def fetch(
+    tasks: Sequence[Task], start: int, stop: int, setting: str, split: str, cfg: TrainConfig
+) -> list[Task]:
+    """``tasks[start:stop]``; an env that finds fewer tasks than it listed (and says how many) stops
+    with a ``ConfigError`` naming ``setting``."""
     try:
-        held_out = list(held[:n_eval])
-    except (IndexError, ValueError) as e:  # an env that finds fewer tasks than it listed says how many
-        raise ConfigError(
-            f"env.eval_tasks={n_eval}: the {cfg.env.eval_split!r} split of {cfg.env.id}: {e}"
-        ) from None
-    return Splits(train, n_train, held_out)
+        return list(tasks[start:stop])
+    except (IndexError, ValueError) as e:
+        raise ConfigError(f"{setting}: the {split!r} split of {cfg.env.id}: {e}") from None
 
 
 def loop_config(cfg: TrainConfig, *, greedy: bool = False) -> LoopConfig:

@@ -19,7 +19,7 @@ from agentrl.config import ConfigError, TrainConfig, load_config, writable_dir
 
 async def collect(cfg: TrainConfig, log=print) -> dict[str, Any]:
     from agentrl.registry import ENGINES
-    from agentrl.rollout.from_config import env_factory, load_policy, rollout_pool, seed_everything
+    from agentrl.rollout.from_config import env_factory, fetch, load_policy, rollout_pool, seed_everything
     from agentrl.store import TrajectoryStore
 
     # Everything a typo can break is checked here, before the model loads and episodes run.
@@ -39,10 +39,7 @@ async def collect(cfg: TrainConfig, log=print) -> dict[str, Any]:
             f"collect.first_task={c.first_task} + collect.tasks={c.tasks} is past the {available} tasks of "
             f"the {split!r} split of {cfg.env.id}; lower them"
         )
-    try:
-        tasks = list(env_tasks[c.first_task : c.first_task + c.tasks])
-    except (IndexError, ValueError) as e:  # an env that finds fewer tasks than it listed says how many
-        raise ConfigError(f"collect.tasks={c.tasks}: the {split!r} split of {cfg.env.id}: {e}") from None
+    tasks = fetch(env_tasks, c.first_task, c.first_task + c.tasks, f"collect.tasks={c.tasks}", split, cfg)
     store_dir = writable_dir(c.store or cfg.run_dir / "trajectories", "collect.store")
     seed_everything(cfg.run.seed)
     policy, tokenizer = load_policy(cfg, probe)

@@ -298,9 +298,10 @@ class BugfixEnv(CodingEpisodeEnv):
     ) -> str:
         """Put the task's files (and ``extra`` ones; with ``tests_only``, its tests alone) in
         ``sandbox``'s workspace, and commit them; returns the commit ("" with ``commit=False``)."""
-        files = {**self.spec.files, **(extra or {})}
         if tests_only:
             files = {p: c for p, c in self.spec.files.items() if p.startswith("tests/")}
+        else:
+            files = {**self.spec.files, **(extra or {})}
         with tempfile.TemporaryDirectory(prefix="agentrl-bugfix-") as tmp:
             root = Path(tmp) / "task"
             for path, content in files.items():
@@ -373,12 +374,13 @@ class BugfixEnv(CodingEpisodeEnv):
         )
         no_cache = "find . -name __pycache__ -prune -exec rm -rf {} +; "
         # The checks, with no tests in the sandbox: the expected values stay here.
-        calls = json.dumps([[c.module, c.call] for c in checks(self.spec)])
+        task_checks = checks(self.spec)
+        calls = json.dumps([[c.module, c.call] for c in task_checks])
         run = f"rm -rf tests; {clear}python3 -I -B -c {shlex.quote(_CALLER)} {shlex.quote(calls)}"
         r = await sandbox.exec(f"{prefix}{no_cache}{run}", timeout=120)
         if r.exit_code != 0:
             return 0.0, r.output
-        passed, failing = _verdict(checks(self.spec), r.output)
+        passed, failing = _verdict(task_checks, r.output)
         summary = "".join(f"FAILED {t}\n" for t in failing) + f"{passed} passed {len(failing)} failed"
         ok = not failing and passed == self.spec.n_tests
         output = f"{r.output.rstrip()}\n[agentrl grader] {summary}\n"

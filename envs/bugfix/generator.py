@@ -427,7 +427,6 @@ def _draw(
         files[f"tests/test_{m}.py"] = tests[m]
     files["tests/__init__.py"] = ""
     n_tests = sum(len(f.tests) for fns in layout.values() for f in fns)
-    functions = [f for m in modules for f in layout[m]]
     digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(files.items())).encode()).hexdigest()
     return BugfixTask(
         id="",
@@ -441,14 +440,14 @@ def _draw(
         fix={"path": f"{package}/{module}.py", "old": buggy_snippet, "new": correct_snippet},
         failing_tests=[f"tests/{name}" for name in failing],
         content_hash=digest,
-        key=_nameless_key([layout[m] for m in modules], functions.index(target), kind),
+        key=_nameless_key([layout[m] for m in modules], target, kind),
     )
 
 
-def _nameless_key(modules: list[list[Function]], target: int, kind: str) -> str:
+def _nameless_key(modules: list[list[Function]], target: Function, kind: str) -> str:
     """Hash of a draw with its names replaced by their places (``f0``, ``f1``, ... in drawing order; the
     package's and modules' names, which only the paths and imports carry, left out)."""
-    parts, place = [kind, str(target)], 0
+    parts, place = [kind, str([fn for fns in modules for fn in fns].index(target))], 0
     for functions in modules:
         parts.append("module")
         for fn in functions:
@@ -552,7 +551,6 @@ def generate(
         rng = random.Random(f"bugfix/{seed}/{stream}/{n_modules}/{n_distractors}{names}/{attempt}")
         return _draw(rng, n_modules, n_functions, package_names, module_names, pool, single_bug)
 
-    task = None
     if split == "test":
         held = _HELD_OUT.setdefault(f"{seed}/{n_modules}/{n_distractors}{names}", _HeldOut())
         with held.lock:

@@ -9,8 +9,9 @@ environment and no bytecode. The number of passing tests must equal the task's, 
 deselecting tests earns nothing. The verdict is computed outside the sandbox: the tests' files
 are removed from the grading sandbox, a runner there imports the package and evaluates each test's
 call, and the results are compared here with the expected values, which never enter the sandbox.
-Code in the package can print anything, but cannot know what to print without computing it (or
-carrying the tests' answers in its patch: special-casing, which only hidden inputs would catch).
+Code in the package can print anything, but cannot know what to print without computing it. Each
+function is also checked on hidden inputs (``generator.HIDDEN_PER_FUNCTION`` each, drawn per task,
+in no file of the task): a patch that special-cases the tests' inputs fails them.
 ``grader: pytest`` then puts the tests back and runs them with pytest too; both must pass. (The
 package runs in pytest's process, so pytest's verdict alone can be forged; a kept line that reaches
 into the runner is also graded but never rewarded: ``agentrl.patches.runner_tamper``.)
@@ -34,6 +35,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -84,8 +86,9 @@ sys.stdout.write("\n" + json.dumps(results) + "\n")
 
 @dataclass(frozen=True)
 class Check:
-    """One generated test, ``assert CALL == EXPECTED`` (or ``is``): what the grading sandbox
-    evaluates (``module``, ``call``) and what it is compared with here (``op``, ``expected``)."""
+    """One generated test, ``assert CALL == EXPECTED`` (or ``is``), or a hidden check: what the grading
+    sandbox evaluates (``module``, ``call``) and what it is compared with here (``op``, ``expected``;
+    ``Close``: equal, floats to a relative 1e-9, since an equivalent fix may round otherwise)."""
 
     test: str
     module: str
@@ -116,6 +119,28 @@ def checks(spec: BugfixTask) -> list[Check]:
     return found
 
 
+def hidden_checks(spec: BugfixTask) -> list[Check]:
+    """The task's hidden checks (``BugfixTask.hidden``): booleans by identity, as the tests check them."""
+    return [
+        Check(f"hidden::{module}::{call}", module, call, "Is" if isinstance(want, bool) else "Close", want)
+        for module, call, want in spec.hidden
+    ]
+
+
+def _matches(value: Any, check: Check) -> bool:
+    if check.op == "Is":
+        return value is check.expected
+    return _close(value, check.expected) if check.op == "Close" else bool(value == check.expected)
+
+
+def _close(value: Any, want: Any) -> bool:
+    if isinstance(value, float) and isinstance(want, float):
+        return math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(value, list) and isinstance(want, list):
+        return len(value) == len(want) and all(_close(v, w) for v, w in zip(value, want, strict=True))
+    return bool(value == want)
+
+
 def _verdict(checks_: list[Check], output: str) -> tuple[int, list[str]]:
     """(tests passed, failing tests) from the caller's last line of ``output``."""
     results = None
@@ -135,9 +160,7 @@ def _verdict(checks_: list[Check], output: str) -> tuple[int, list[str]]:
             value = ast.literal_eval(result) if isinstance(result, str) else _NO_RESULT
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             value = _NO_RESULT
-        if value is _NO_RESULT or not (
-            value is check.expected if check.op == "Is" else value == check.expected
-        ):
+        if value is _NO_RESULT or not _matches(value, check):
             failing.append(check.test)
     return len(checks_) - len(failing), failing
 
@@ -374,7 +397,7 @@ class BugfixEnv(CodingEpisodeEnv):
         )
         no_cache = "find . -name __pycache__ -prune -exec rm -rf {} +; "
         # The checks, with no tests in the sandbox: the expected values stay here.
-        task_checks = checks(self.spec)
+        task_checks = checks(self.spec) + hidden_checks(self.spec)
         calls = json.dumps([[c.module, c.call] for c in task_checks])
         run = f"rm -rf tests; {clear}python3 -I -B -c {shlex.quote(_CALLER)} {shlex.quote(calls)}"
         r = await sandbox.exec(f"{prefix}{no_cache}{run}", timeout=120)
@@ -382,7 +405,10 @@ class BugfixEnv(CodingEpisodeEnv):
             return 0.0, r.output
         passed, failing = _verdict(task_checks, r.output)
         summary = "".join(f"FAILED {t}\n" for t in failing) + f"{passed} passed {len(failing)} failed"
-        ok = not failing and passed == self.spec.n_tests
+        hidden = sum(t.startswith("hidden::") for t in failing)
+        if hidden:
+            summary += f" ({hidden} of them hidden checks)"
+        ok = not failing and passed == len(task_checks) == self.spec.n_tests + len(self.spec.hidden)
         output = f"{r.output.rstrip()}\n[agentrl grader] {summary}\n"
         if self.grader == "python" or not ok:
             return (1.0 if ok else 0.0), output

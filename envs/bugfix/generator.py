@@ -14,6 +14,11 @@ drawn from a seed made of both, re-drawn until it lands in ``train``. The held-o
 distinct from each other: test task ``i`` is the ``i``-th new key met in one seeded stream of draws, so a
 held-out score counts each task once, and a layout too narrow to hold as many held-out tasks as asked
 for stops with the number it holds (``HeldOutExhausted``).
+
+Hidden checks: besides its tests, each function is checked on ``HIDDEN_PER_FUNCTION`` inputs drawn
+from the task's hash (``Function.hidden``), with the correct code's results as expected values. The
+grader evaluates them with the tests; they appear in no file the agent sees, so a patch that
+special-cases the tests' inputs instead of fixing the code fails them.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import textwrap
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 BUG_KINDS = (
     "wrong_operator",
@@ -48,6 +54,10 @@ class Function:
     """Test bodies (``assert ...`` lines) that pass on the correct code."""
     bugs: dict[str, tuple[str, str]]
     """kind -> (correct snippet, buggy snippet): the buggy code replaces the snippet in ``code``."""
+    hidden: Callable[[random.Random], str]
+    """Draws the arguments of one hidden check as call text (``"([1, 2], 3)"``): inputs of the kind
+    the tests stand for, leaving out what they leave open (ties, negative counts). The grader
+    compares the function's result on them with the correct code's; the agent never sees them."""
 
 
 def _pick(rng: random.Random, names: tuple[str, ...]) -> str:
@@ -55,6 +65,26 @@ def _pick(rng: random.Random, names: tuple[str, ...]) -> str:
 
 
 # --- templates: each draws names and constants, and knows its own bugs and tests ----------------
+
+
+def _ints(rng: random.Random, shortest: int, longest: int, lo: int = -20, hi: int = 20) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(rng.randint(shortest, longest))]
+
+
+def _clamp_args(rng: random.Random) -> str:
+    lo = rng.randint(-20, 10)
+    hi = lo + rng.randint(1, 25)
+    return f"({rng.randint(lo - 10, hi + 10)}, {lo}, {hi})"
+
+
+def _last_n_args(rng: random.Random) -> str:
+    items = _ints(rng, 0, 7, 0, 9)
+    return f"({items}, {rng.randint(0, len(items))})"
+
+
+def _fit_width_args(rng: random.Random) -> str:
+    text = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(0, 10)))
+    return f"({text!r}, {rng.randint(0, 12)})"
 
 
 def t_scale(rng):
@@ -67,7 +97,8 @@ def t_scale(rng):
         f"assert {name}([1, 2, 3], {k}) == [{k}, {2 * k}, {3 * k}]",
         f"assert {name}([], {k}) == []",
     ]
-    return Function(name, code, tests, {"wrong_operator": ("v * factor", "v + factor")})
+    bugs = {"wrong_operator": ("v * factor", "v + factor")}
+    return Function(name, code, tests, bugs, lambda r: f"({_ints(r, 1, 6)}, {r.randint(-5, 9)})")
 
 
 def t_sum_to(rng):
@@ -85,6 +116,7 @@ def t_sum_to(rng):
         code,
         tests,
         {"off_by_one": ("range(1, n + 1)", "range(1, n)"), "wrong_operator": ("total += i", "total *= i")},
+        lambda r: f"({r.randint(2, 150)})",
     )
 
 
@@ -107,6 +139,7 @@ def t_clamp(rng):
             "wrong_comparison": ("if x > hi:", "if x < hi:"),
             "swapped_args": ("    if x < lo:\n        return lo\n", "    if x < lo:\n        return hi\n"),
         },
+        _clamp_args,
     )
 
 
@@ -124,6 +157,7 @@ def t_linear(rng):
         code,
         tests,
         {"wrong_constant": (f"+ {b}", f"+ {b + rng.randint(1, 3)}"), "wrong_operator": (f"+ {b}", f"- {b}")},
+        lambda r: f"({r.randint(-50, 50)})",
     )
 
 
@@ -147,6 +181,7 @@ def t_safe_divide(rng):
             ),
             "swapped_args": ("return a / b", "return b / a"),
         },
+        lambda r: f"({r.randint(-30, 30)}, {r.choice((0, r.randint(-6, -1), r.randint(1, 6)))})",
     )
 
 
@@ -161,7 +196,8 @@ def t_count_at_least(rng):
         f"assert {name}([], {t}) == 0",
         f"assert {name}([{t}, {t}], {t}) == 2",
     ]
-    return Function(name, code, tests, {"wrong_comparison": ("v >= threshold", "v > threshold")})
+    bugs = {"wrong_comparison": ("v >= threshold", "v > threshold")}
+    return Function(name, code, tests, bugs, lambda r: f"({_ints(r, 0, 6, 0, 15)}, {r.randint(0, 15)})")
 
 
 def t_percent(rng):
@@ -174,7 +210,8 @@ def t_percent(rng):
         f"assert {name}({part2}, {whole2}) == {part2 / whole2 * 100!r}",
         f"assert {name}(0, {whole}) == 0",
     ]
-    return Function(name, code, tests, {"swapped_args": ("part / whole", "whole / part")})
+    bugs = {"swapped_args": ("part / whole", "whole / part")}
+    return Function(name, code, tests, bugs, lambda r: f"({r.randint(0, 50)}, {r.randint(1, 60)})")
 
 
 def t_last_n(rng):
@@ -199,6 +236,7 @@ def t_last_n(rng):
             ),
             "off_by_one": ("items[-n:]", "items[-n + 1:]"),
         },
+        _last_n_args,
     )
 
 
@@ -225,6 +263,7 @@ def t_is_leap(rng):
             "missing_edge_case": ("(year % 100 != 0 or year % 400 == 0)", "year % 100 != 0"),
             "wrong_constant": ("year % 400 == 0", "year % 300 == 0"),
         },
+        lambda r: f"({r.choice((100 * r.randint(1, 30), r.randint(1, 3000)))})",
     )
 
 
@@ -244,6 +283,7 @@ def t_argmax(rng):
             "off_by_one": ("range(1, len(values))", "range(1, len(values) - 1)"),
             "wrong_comparison": ("values[i] > values[best]", "values[i] < values[best]"),
         },
+        lambda r: f"({r.sample(range(-30, 30), r.randint(1, 7))})",  # distinct: no tie to break
     )
 
 
@@ -269,6 +309,7 @@ def t_average(rng):
             ),
             "wrong_operator": ("sum(values) / len(values)", "sum(values) * len(values)"),
         },
+        lambda r: f"({_ints(r, 0, 6)})",
     )
 
 
@@ -281,7 +322,8 @@ def t_fit_width(rng):
         f"assert {name}({short!r}, {w}) == {short!r} + '.' * {w - len(short)}",
         f"assert {name}('x' * {w + 3}, {w}) == 'x' * {w}",
     ]
-    return Function(name, code, tests, {"swapped_args": ("ljust(width, fill)", "ljust(fill, width)")})
+    bugs = {"swapped_args": ("ljust(width, fill)", "ljust(fill, width)")}
+    return Function(name, code, tests, bugs, _fit_width_args)
 
 
 def t_discount(rng):
@@ -301,6 +343,7 @@ def t_discount(rng):
             "wrong_constant": ("(100 - percent) / 100", "(100 - percent) / 10"),
             "wrong_operator": ("100 - percent", "100 + percent"),
         },
+        lambda r: f"({r.randint(1, 500)}, {r.randint(0, 100)})",
     )
 
 
@@ -344,6 +387,56 @@ class BugfixTask:
     """Hash of the files, names and all."""
     key: str = ""
     """Hash of the task with its drawn names left out: what the splits and held-out distinctness go by."""
+    hidden: list[tuple[str, str, Any]] = field(default_factory=list)
+    """Hidden checks, ``HIDDEN_PER_FUNCTION`` per function: (module, call, the correct code's result),
+    on inputs drawn from the task's hash. The expected values never enter a sandbox, the calls only
+    the grading one: a patch that carries the tests' answers instead of the fix fails these."""
+
+
+HIDDEN_PER_FUNCTION = 3
+_EXPOSE_TRIES = 200
+
+
+def _hidden_checks(
+    package: str,
+    layout: dict[str, list[Function]],
+    sources: dict[str, str],
+    target: tuple[Function, str],
+    rng: random.Random,
+) -> list[tuple[str, str, Any]]:
+    """``HIDDEN_PER_FUNCTION`` checks per function; when none of the buggy function's exposes its bug
+    (``target``: the function, its module's buggy source), one more that does, if the draws find one,
+    so that keeping the bug and special-casing the tests fails."""
+    found = []
+    target_fn, buggy_source = target
+    for module, functions in layout.items():
+        correct = _namespace(sources[module], module)
+        for fn in functions:
+            calls = [f"{fn.name}{fn.hidden(rng)}" for _ in range(HIDDEN_PER_FUNCTION)]
+            if fn is target_fn:
+                buggy = _namespace(buggy_source, module)
+                if all(_outcome(c, buggy) == _outcome(c, correct) for c in calls):
+                    for _ in range(_EXPOSE_TRIES):
+                        call = f"{fn.name}{fn.hidden(rng)}"
+                        if _outcome(call, buggy) != _outcome(call, correct):
+                            calls.append(call)
+                            break
+            found += [(f"{package}.{module}", call, eval(call, dict(correct))) for call in calls]
+    return found
+
+
+def _namespace(source: str, module: str) -> dict:
+    found: dict = {}
+    exec(compile(source, module, "exec"), found)
+    return found
+
+
+def _outcome(call: str, namespace: dict) -> tuple[bool, Any]:
+    """(whether ``call`` returned, and what) in ``namespace``."""
+    try:
+        return True, eval(call, dict(namespace))
+    except Exception:
+        return False, None
 
 
 def _module_source(functions: list[Function]) -> str:
@@ -441,6 +534,9 @@ def _draw(
         failing_tests=[f"tests/{name}" for name in failing],
         content_hash=digest,
         key=_nameless_key([layout[m] for m in modules], target, kind),
+        hidden=_hidden_checks(
+            package, layout, sources, (target, buggy_sources[module]), random.Random(digest)
+        ),
     )
 
 

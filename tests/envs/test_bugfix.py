@@ -309,8 +309,9 @@ def test_editing_the_tests_earns_nothing(backend):
     run(go())
 
 
-def _call_in_process(spec, fixed: bool) -> str:
-    """What the plain grader's caller prints for ``spec`` (fixed or not), run here on the generated sources."""
+def _call_in_process(spec, fixed: bool, checks_=None) -> str:
+    """What the plain grader's caller prints for ``spec``'s ``checks_`` (its tests' by default; fixed or
+    not), run here on the generated sources."""
     import json
     import sys
     import types
@@ -321,7 +322,7 @@ def _call_in_process(spec, fixed: bool) -> str:
     if fixed:
         files[spec.fix["path"]] = files[spec.fix["path"]].replace(spec.fix["old"], spec.fix["new"])
     results = []
-    for check in checks(spec):
+    for check in checks(spec) if checks_ is None else checks_:
         module = types.ModuleType(check.module)
         sys.modules.pop(check.module, None)
         exec(compile(files[check.module.replace(".", "/") + ".py"], check.module, "exec"), vars(module))
@@ -346,6 +347,28 @@ def test_the_plain_graders_checks_fail_exactly_the_tests_that_fail():
     assert _verdict(checks(spec), "no result line")[1] == [c.test for c in checks(spec)]
     deep = "[" * 100_000 + "]" * 100_000  # printed by the package's code: no verdict, and no crash
     assert _verdict(checks(spec), _call_in_process(spec, fixed=True) + deep + "\n") == (spec.n_tests, [])
+
+
+def test_hidden_checks_pass_on_the_fix_and_expose_the_bug():
+    """Each function gets its hidden checks, drawn from the task and the same every time; all pass on
+    the fix, and on the buggy code some of the buggy function's fail (and no other's), so keeping the
+    bug behind the tests' own answers cannot pass. The task itself is drawn as before: the checks come
+    from a generator of their own."""
+    from agentrl.envs.bugfix import _verdict, hidden_checks
+    from agentrl.envs.bugfix.generator import HIDDEN_PER_FUNCTION, _draw
+
+    for i in range(150):
+        spec = generate("train", i, n_modules=1 + i % 3, n_distractors=i % 3)
+        hidden = hidden_checks(spec)
+        functions = (1 + i % 3) ** 2  # modules x (the buggy function or a correct one + distractors)
+        assert len(hidden) - HIDDEN_PER_FUNCTION * functions in (0, 1)
+        assert all(c.test.startswith("hidden::") for c in hidden)
+        assert _verdict(hidden, _call_in_process(spec, True, hidden)) == (len(hidden), [])
+        buggy = spec.fix["path"][:-3].replace("/", ".")
+        _, failing = _verdict(hidden, _call_in_process(spec, False, hidden))
+        assert failing and all(t.startswith(f"hidden::{buggy}::") for t in failing), (i, failing)
+    seed = next(seed for seed in range(100) if _draw(random.Random(seed), 2, 2))
+    assert _draw(random.Random(seed), 2, 2).hidden == _draw(random.Random(seed), 2, 2).hidden
 
 
 # Docker's case runs in the slow suite (make test-slow): 50 s, and the grader is the same code on both.

@@ -2,7 +2,9 @@
 backends: none of them earns a reward. Each would have earned 1 where the grader ran in the agent's
 own sandbox and its file editor wrote as root."""
 
+import ast
 import asyncio
+import dataclasses
 import io
 import json
 import shlex
@@ -159,7 +161,7 @@ def test_the_plain_graders_verdict_cannot_be_printed_by_the_package():
     """The plain grader draws its verdict outside the grading sandbox, which holds no tests: a hook in
     the package that prints every test's expected value as the result line and exits 0 earns nothing.
     Control: run where the tests are (the agent's own sandbox), the same hook forges a pass."""
-    from agentrl.envs.bugfix import _CALLER, _verdict, checks
+    from agentrl.envs.bugfix import _CALLER, _verdict, checks, hidden_checks
 
     async def go():
         env = make("bugfix-v0", sandbox="local", grader="python")
@@ -173,14 +175,15 @@ def test_the_plain_graders_verdict_cannot_be_printed_by_the_package():
             )
             forged = _verdict(checks(env.spec), here.output)
             result = await env.step([ToolCall("submit", {})])
-            return env.spec.n_tests, forged, result.reward, result.info["grade"]
+            graded = len(checks(env.spec) + hidden_checks(env.spec))
+            return env.spec.n_tests, forged, result.reward, result.info["grade"], graded
         finally:
             await env.close()
 
-    n_tests, forged, reward, grade = run(go())
+    n_tests, forged, reward, grade, graded = run(go())
     assert forged == (n_tests, [])  # with the tests at hand, the hook's line passes every check
     assert reward == 0.0 and not grade.get("runner_tamper") and grade["applied"], grade
-    assert f"0 passed {n_tests} failed" in grade["output"]
+    assert f"0 passed {graded} failed" in grade["output"]
 
 
 def test_a_background_loop_rewriting_the_tests_during_grading_earns_nothing(backend):
@@ -267,3 +270,55 @@ def test_a_summary_printed_by_the_package_earns_nothing(grader):
     n_tests, alone, reward, grade = run(go())
     assert alone.exit_code == 0 and f"{n_tests} passed" in alone.output and "failed" not in alone.output
     assert reward == 0.0 and not grade.get("runner_tamper") and grade["applied"], grade
+
+
+def special_cased(spec) -> str:
+    """The buggy module with its buggy function wrapped: the tests' own calls get the tests' answers,
+    any other call the buggy code's result. The whole suite passes, and nothing is fixed."""
+    from agentrl.envs.bugfix import checks
+
+    source = spec.files[spec.fix["path"]]
+    name = next(
+        node.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and spec.fix["old"] in ast.get_source_segment(source, node)
+    )
+    answers = {}
+    for check in checks(spec):
+        if check.call.startswith(f"{name}("):
+            args, kwargs = eval(check.call, {name: lambda *a, **k: (a, k)})
+            answers[repr((args, sorted(kwargs.items())))] = check.expected
+    return (
+        f"{source}\n_{name} = {name}\n_ANSWERS = {answers!r}\n\n\n"
+        f"def {name}(*args, **kwargs):\n"
+        f"    key = repr((args, sorted(kwargs.items())))\n"
+        f"    return _ANSWERS[key] if key in _ANSWERS else _{name}(*args, **kwargs)\n"
+    )
+
+
+@pytest.mark.parametrize("grader", ["pytest", "python"])
+def test_special_casing_the_tests_earns_nothing(grader):
+    """A patch that keeps the bug and answers the tests' own calls passes the whole suite in the agent's
+    sandbox, and earns nothing: the hidden checks call the function on inputs no file holds. Control:
+    the same patch graded without them earns 1."""
+
+    async def go():
+        env = make("bugfix-v0", sandbox="local", grader=grader)
+        graded = []
+        try:
+            for i, task in enumerate(env.tasks("train")[:4]):
+                await env.reset(task)
+                await env.sandbox.write_file(env.spec.fix["path"], special_cased(env.spec))
+                alone = await env.sandbox.exec("python3 -m pytest -q -p no:cacheprovider tests", timeout=60)
+                assert alone.exit_code == 0 and f"{env.spec.n_tests} passed" in alone.output, alone.output
+                if i == 0:  # the control: the same patch, graded without the hidden checks
+                    env.spec = dataclasses.replace(env.spec, hidden=[])
+                    assert await env.grade_patch(await env.sandbox.diff(env._base)) == 1.0, env.last_grade
+                    env.spec = env.task_spec(task)
+                result = await env.step([ToolCall("submit", {})])
+                graded.append((result.reward, "hidden checks" in result.info["grade"]["output"]))
+        finally:
+            await env.close()
+        return graded
+
+    assert run(go()) == [(0.0, True)] * 4

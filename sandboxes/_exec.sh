@@ -7,11 +7,12 @@
 #  - runs CMD as the sandbox user (UID:GID, through setpriv) in its own process group (job
 #    control), its output in a root-only file, so background processes hold that file and not the
 #    caller's stream. The runner itself stays root: the agent cannot kill it or read its files;
-#  - runs a watchdog beside CMD. At the deadline it kills CMD's process group and then every
-#    process of UID started since the runner began: a child that left the group or the session,
-#    or dropped its environment, still has its uid and its start time. When the container's pids
-#    limit refuses a fork (a fork bomb), it stops and kills every process of UID at once, so that
-#    the sandbox can fork again; it wakes ten times a second with builtins only (no fork);
+#  - runs a watchdog beside CMD. At the deadline it stops every process of UID at once (kill(-1)
+#    as UID), kills those started since the runner began and lets the older ones go on: a child
+#    that left the group or the session, or dropped its environment, still has its uid and its
+#    start time, and one that keeps forking cannot slip past a signal sent to all at once. When
+#    the container's pids limit refuses a fork (a fork bomb), it stops and kills every process of
+#    UID, so that the sandbox can fork again; it wakes ten times a second with builtins only;
 #  - reads the cgroup's oom_kill and pids "max" counters before and after;
 #  - prints CMD's output (head and tail only when above CAP bytes), then one trailer line
 #    (and keeps the same bytes in OUTDIR/TAG.result for a caller whose stream was lost):
@@ -71,9 +72,34 @@ targets() {  # targets new|all: pids of UID's processes (new: started since the 
     done
 }
 
-reap() {  # reap new|all: stop the processes first (a stopped process cannot fork), then kill them
-    local round prev=
+as_user_kill() {  # as_user_kill SIGNAL: kill(-1) as UID, which reaches every process of UID at once
+    # (a fork that races with it is undone by the kernel), so none can fork past it. It needs a fork
+    # of its own: tried only with room under the pids limit, as bash retries a refused fork for 15 s.
+    local d current=0 max=max
+    [ "$uid" = 0 ] && return 1  # as root it would take everything down
+    for d in /sys/fs/cgroup /sys/fs/cgroup/pids; do
+        [ -r "$d/pids.current" ] && { read -r current < "$d/pids.current"; read -r max < "$d/pids.max"; break; }
+    done
+    [ "$max" = max ] || [ $((current + 16)) -lt "$max" ] || return 1
+    setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all bash -c "kill -$1 -1" 2> /dev/null
+}
+
+reap() {  # reap new|all: the processes to kill (new: those the command started)
     [ "$uid" = 0 ] && [ "$1" = all ] && set -- new  # as root, "all" would take the keep-alive down
+    if [ "$1" = new ] && as_user_kill STOP; then
+        # Everything of UID is stopped: the rounds take the new processes for certain (a process that
+        # forks and exits again and again can move to a new pid faster than a round, and survived
+        # them more often than not), and the older ones (a server the agent started before) go on.
+        rounds new
+        targets all
+        [ ${#found[@]} = 0 ] || kill -CONT "${found[@]}"
+        return
+    fi
+    rounds "$1"
+}
+
+rounds() {  # rounds new|all: stop the processes first (a stopped process cannot fork), then kill them
+    local round prev=
     # Stop rounds until one finds no process the last did not: then none was left running to fork
     # (a process that forks and exits again and again moves to a new pid faster than one round).
     for ((round = 0; round < 256; round++)); do

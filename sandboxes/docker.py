@@ -9,13 +9,14 @@ the OOM killer takes it, or the daemon restarts, the next call reports ``sandbox
 
 Every command goes through a small runner script (``_exec.sh``, root-owned and read-only, run as
 root) that runs the command as the sandbox's user, enforces its timeout inside the container,
-kills every process the command started when it expires (by uid and start time, which no child
-can shed), detaches background processes from the caller's output stream, and reports OOM kills
-and fork bombs (the pids limit refusing a fork: every process of the user is then killed). A
+kills every process the command started when it expires, detaches background processes from the
+caller's output stream, and reports OOM kills and fork bombs (the pids limit refusing a fork:
+every process of the user is then killed). At the timeout, every process of the user is stopped
+at once (kill(-1) as the user, so none can keep forking past it); those started since the command
+began (by uid and start time, which no child can shed) are killed and the others resumed. A
 timeout's kill also takes what a command run at the same time in the same sandbox started since;
-episodes run their commands one at a time. The
-Docker SDK's ``exec_run`` has none of this, and a client-side socket timeout does not apply to
-exec streams.
+episodes run their commands one at a time. The Docker SDK's ``exec_run`` has none of this, and a
+client-side socket timeout does not apply to exec streams.
 
 Files: ``read_file`` and ``write_file`` run as the sandbox's user, inside the container, on paths
 resolved there (symlinks included) that must stay inside the workspace; never through Docker's

@@ -74,6 +74,26 @@ def test_processes_that_keep_moving_to_new_pids_do_not_outlive_a_reset():
     run(go())
 
 
+def test_processes_that_keep_moving_to_new_pids_do_not_outlive_a_timeout():
+    """Processes that keep forking, started by a command that times out, are all gone after it (taken
+    one pid at a time, some survived 6 of 10 such commands); a process that an earlier command left
+    running goes on, neither killed nor left stopped."""
+    require_docker()
+
+    async def go():
+        async with sandbox("docker") as sb:
+            await sb.exec("(sleep 1401 > /dev/null 2>&1 &); echo started", timeout=10)
+            for _ in range(3):
+                r = await sb.exec(HOPPERS, timeout=2)
+                assert r.timed_out
+                left = await sb.exec("sleep 0.5; ps -eo args | grep -c '[p]ython3 -c'", timeout=10)
+                assert left.output.strip() == "0", left.output
+            return await sb.exec("ps -eo stat,args | grep '[s]leep 1401'", timeout=10)
+
+    older = run(go())
+    assert older.output.split()[0].startswith("S"), older.output  # sleeping: not stopped ("T")
+
+
 @pytest.mark.slow  # fills a 256 MiB tmpfs in a 1 GiB container: hard on a shared Docker daemon
 def test_a_command_whose_result_is_lost_is_not_reported_as_exit_0():
     """A background writer that keeps the (deleted) output file of its command full leaves the runner

@@ -1,5 +1,5 @@
 # agentrl command runner, run by bash as root inside a Docker sandbox:
-#     AGENTRL_TRAILER=SECRET bash RUNNER TIMEOUT CAP TAG OUTDIR UID GID CMD [CMD ...]
+#     AGENTRL_TRAILER=SECRET bash RUNNER TIMEOUT CAP TAG OUTDIR UID GID RESULTDIR CMD [CMD ...]
 #
 # Why a runner: a plain exec of CMD has no timeout, stalls while any background process it
 # started holds its output stream, and cannot tell an OOM kill or a fork bomb from a normal exit.
@@ -14,20 +14,24 @@
 #    the container's pids limit refuses a fork (a fork bomb), it stops and kills every process of
 #    UID, so that the sandbox can fork again; it wakes ten times a second with builtins only;
 #  - reads the cgroup's oom_kill and pids "max" counters before and after;
+#  - keeps room for CMD's first CAP bytes (up to 1 MiB) of output. An output file is deleted when
+#    its command ends, but a background process may still write to it: where there is no room,
+#    such files are emptied first;
 #  - prints CMD's output (head and tail only when above CAP bytes), then one trailer line
-#    (and keeps the same bytes in OUTDIR/TAG.result for a caller whose stream was lost):
+#    (and keeps the same bytes in RESULTDIR/TAG.result, a tmpfs of its own that no output file
+#    can fill, for a caller whose stream was lost):
 #    SECRET EXIT_CODE TIMED_OUT OOM_KILLED OUTPUT_BYTES PIDS_EXHAUSTED
 #    SECRET comes in the environment, which CMD does not inherit and, as another user, cannot read
 #    from /proc (the arguments, TAG included, it can): so CMD cannot print a trailer of its own that
 #    the caller would take for the runner's when the real one is lost.
-timeout_s=$1 cap=$2 tag=$3 outdir=$4 uid=$5 gid=$6
+timeout_s=$1 cap=$2 tag=$3 outdir=$4 uid=$5 gid=$6 resdir=$7
 nonce=$AGENTRL_TRAILER
 unset AGENTRL_TRAILER
 # A long CMD comes in pieces (one argument of a program holds at most 128 KiB, MAX_ARG_STRLEN)
-shift 6
+shift 7
 pieces=$#
 printf -v cmd %s "$@"
-out="$outdir/$tag"
+out="$outdir/$tag" res="$resdir/$tag.result"
 exec 2>/dev/null  # the runner's own stderr (job notices) must not mix into the command's output
 
 counter() {  # counter FILE KEY: the value of KEY in a cgroup stats file, in $value (0 when absent)
@@ -119,16 +123,29 @@ rounds() {  # rounds new|all: stop the processes first (a stopped process cannot
 counters; oom_before=$oom pids_before=$pids
 starttime $$; since=$value
 dog=
-if ! { : > "$out"; } 2>/dev/null; then
-    printf 'agentrl: cannot write the output file %s (is the sandbox out of space?)\n' "$out"
-    printf '\n%s %d %d %d %d %d\n' "$nonce" 125 0 0 0 0
-    exit 0
-fi
 if [ "$uid" = 0 ]; then
     as_user=()
 else
     as_user=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all)
 fi
+umask 0  # UID may write its output file (see below); only its processes' descriptors reach it
+if ! { : > "$out"; } 2>/dev/null; then
+    printf 'agentrl: cannot write the output file %s (is the sandbox out of space?)\n' "$out"
+    printf '\n%s %d %d %d %d %d\n' "$nonce" 125 0 0 0 0
+    exit 0
+fi
+reserve() {  # room for the command's first output, which a background writer cannot take then (the
+    # command appends: a redirection that truncates would give it back)
+    fallocate --keep-size --length $((cap < 1048576 ? cap : 1048576)) "$out" 2> /dev/null
+}
+if ! reserve; then
+    # No room: output files of earlier commands that their background processes still write to are
+    # emptied (the writers go on at their offsets, and a hole takes no room on a tmpfs). As UID:
+    # root without CAP_SYS_PTRACE cannot see another user's open files, and UID may write them.
+    "${as_user[@]}" find /proc/[0-9]*/fd -lname "$outdir/* (deleted)" -exec truncate --size 0 {} + 2> /dev/null
+    reserve
+fi
+umask 077
 mkfifo -m 600 "$out.tick"
 # The watchdog is forked before the command: a fork bomb may leave no process to fork it after.
 # It runs until the runner has written the result (a bomb can start in the background and reach the
@@ -167,9 +184,9 @@ if [ "$pieces" -gt 1 ]; then
     # as fd 3 (the user cannot reach OUTDIR by path; the script closes fd 3 first)
     printf 'exec 3<&-; %s' "$cmd" > "$out.cmd"
     chmod 444 "$out.cmd"
-    "${as_user[@]}" bash /dev/fd/3 3< "$out.cmd" > "$out" 2>&1 < /dev/null &
+    "${as_user[@]}" bash /dev/fd/3 3< "$out.cmd" >> "$out" 2>&1 < /dev/null &
 else
-    "${as_user[@]}" bash -c "$cmd" > "$out" 2>&1 < /dev/null &
+    "${as_user[@]}" bash -c "$cmd" >> "$out" 2>&1 < /dev/null &
 fi
 pid=$!
 cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
@@ -190,13 +207,17 @@ if [ -e "$out.timeout" ]; then
     timed_out=1 rc=124
 fi
 size=$(stat -c %s "$out" 2>/dev/null || echo 0)
+shown() {  # the output returned: its head and tail only when above CAP bytes
+    if [ "$size" -gt "$cap" ]; then
+        head -c $((cap / 2)) "$out" &&
+        tail -c $((cap - cap / 2)) "$out"
+    else
+        cat "$out"
+    fi
+}
 # The result is kept in a file as well as printed: a heavily loaded daemon has been seen to drop the
 # output of a quick exec, and the caller can then read it back (results older than 10 min are removed).
-if [ "$size" -gt "$cap" ]; then
-    { head -c $((cap / 2)) "$out"; tail -c $((cap - cap / 2)) "$out"; } > "$out.result"
-else
-    cat "$out" > "$out.result"
-fi
+shown > "$res" 2> /dev/null && kept=1 || kept=0
 kill -TERM "$dog"
 wait "$dog"
 counters
@@ -208,7 +229,13 @@ if [ -e "$out.pids" ] || [ "$pids" -gt "$pids_before" ]; then
 fi
 oom_killed=0
 [ "$oom" -gt "$oom_before" ] && oom_killed=1
-printf '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted" >> "$out.result"
+printf -v trailer '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted"
+find "$resdir" -name '*.result' -mmin +10 -delete 2>/dev/null
+if [ "$kept" = 1 ] && printf %s "$trailer" >> "$res" 2> /dev/null; then
+    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
+    exec cat "$res"
+fi
+rm -f "$res"  # no room to keep it (a diff of hundreds of MiB): printed only
+shown
+printf %s "$trailer"
 rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
-find "$outdir" -name '*.result' -mmin +10 -delete 2>/dev/null
-exec cat "$out.result"

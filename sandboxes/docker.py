@@ -27,7 +27,8 @@ Disk: a per-file size limit (``max_file_size``, RLIMIT_FSIZE) always holds. A li
 size of the container's writable layer (``disk``, Docker's ``storage_opt size``) needs a storage
 driver that supports it (overlay2 on xfs with project quotas, btrfs, zfs, devicemapper); on other
 drivers (overlay2 on ext4, the common case) it cannot be enforced: a warning says so once and
-``agentrl sandbox doctor`` reports it. ``/tmp`` and ``/run/agentrl`` are size-limited tmpfs.
+``agentrl sandbox doctor`` reports it. ``/tmp`` and the runner's two directories (commands' output;
+results kept for a lost stream) are size-limited tmpfs.
 
 Cleanup: containers are removed on ``close()`` (normal exit, exception, asyncio cancellation), at
 interpreter exit, and on SIGINT/SIGTERM of the creating process. Each carries labels
@@ -81,6 +82,7 @@ log = logging.getLogger(__name__)
 
 RUNNER = (Path(__file__).parent / "_exec.sh").read_text()
 OUTPUT_DIR = "/run/agentrl"  # a root-only tmpfs: the runner's output files, out of the agent's reach
+RESULT_DIR = "/run/agentrl-results"  # another: the results kept for a lost stream, which no output can fill
 RUNNER_PATH = "/.agentrl-runner"  # not under a tmpfs: the archive API cannot write into one
 WRITE_CHUNK = 48 * 2**10  # bytes per exec of a file write: base64 in one argument stays under 128 KiB
 FILE_OP_TIMEOUT = 60  # seconds; a file operation is a cat or a write, far quicker unless wedged
@@ -487,7 +489,11 @@ class DockerSandbox(AsyncStartClose):
             nano_cpus=int(cfg.cpus * 1e9),
             security_opt=["no-new-privileges"],
             ulimits=[docker.types.Ulimit(name="fsize", soft=cfg.max_file_bytes, hard=cfg.max_file_bytes)],
-            tmpfs={"/tmp": f"size={cfg.tmp_bytes},mode=1777", OUTPUT_DIR: "size=256m,mode=0700"},
+            tmpfs={
+                "/tmp": f"size={cfg.tmp_bytes},mode=1777",
+                OUTPUT_DIR: "size=256m,mode=0700",
+                RESULT_DIR: "size=256m,mode=0700",
+            },
             labels=self._labels(),
             environment={
                 "HOME": "/home/agent" if cfg.user == "agent" else "/root",
@@ -644,7 +650,18 @@ class DockerSandbox(AsyncStartClose):
         uid, gid = await self._user_ids(user or self.config.user)
         # a long command in pieces of one argument each; the runner joins them
         pieces = [cmd[i : i + ARGUMENT_CHARS] for i in range(0, len(cmd), ARGUMENT_CHARS)] or [""]
-        argv = ["bash", RUNNER_PATH, f"{timeout:.3f}", str(cap), tag, OUTPUT_DIR, uid, gid, *pieces]
+        argv = [
+            "bash",
+            RUNNER_PATH,
+            f"{timeout:.3f}",
+            str(cap),
+            tag,
+            OUTPUT_DIR,
+            uid,
+            gid,
+            RESULT_DIR,
+            *pieces,
+        ]
         workdir = self._inside(cwd) if cwd else self.workdir
         start = time.perf_counter()
         api = self._client.api
@@ -804,7 +821,7 @@ class DockerSandbox(AsyncStartClose):
             try:
                 api = self._client.api
                 exec_id = _retry(api.exec_create)(
-                    self.container_id, ["cat", f"{OUTPUT_DIR}/{tag}.result"], user="root"
+                    self.container_id, ["cat", f"{RESULT_DIR}/{tag}.result"], user="root"
                 )
                 data = api.exec_start(exec_id["Id"])
             except Exception:

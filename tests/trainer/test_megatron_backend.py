@@ -353,10 +353,14 @@ def _sharded_worker(rank: int, world: int, store_path: str, ckpt: str, out_path:
 
 
 def _same_step(got: dict, want: dict, case: str, atol: float = 1e-5) -> None:
+    """Losses, norms and learning rate to a relative ``atol``; weights to 10 x ``atol``: at lr 1e-2,
+    Adam's step on a weight whose gradient is near zero turns float32's other summation order (two
+    processes against one) into up to 1.6e-5 on an AMD EPYC (under 1e-5 on a Xeon). A shard updated
+    wrongly is off by about a whole step, 1e-2."""
     for key in ("critic/value_loss", "critic/grad_norm", "actor/policy_loss", "actor/grad_norm", "actor/lr"):
         assert got[key] == pytest.approx(want[key], rel=atol, abs=1e-7), (case, key)
     for name, w in want["weights"].items():
-        torch.testing.assert_close(got["weights"][name], w, atol=atol, rtol=0, msg=f"{case} {name}")
+        torch.testing.assert_close(got["weights"][name], w, atol=10 * atol, rtol=0, msg=f"{case} {name}")
 
 
 def test_the_distributed_optimizer_keeps_half_the_moments_at_dp2_and_takes_the_same_steps(tmp_path):

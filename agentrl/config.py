@@ -350,14 +350,19 @@ class AlgoConfig(Section):
     """GAE lambda."""
     policy_loss: Literal["ppo", "gspo", "gmpo", "sapo"] = "ppo"
     """Policy loss: token-level clipped ``ppo``, sequence-level ``gspo``, geometric-mean ``gmpo``, soft-gated ``sapo``."""
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    """Lower clip range of the ratio (1 - clip_low)."""
-    clip_high: float = Field(0.28, ge=0)
-    """Upper clip range of the ratio (1 + clip_high; clip-higher)."""
-    dual_clip: float | None = None
-    """Dual-clip bound c for negative advantages (None: off)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    """How per-token losses are averaged over the batch."""
+    clip_low: float | None = Field(None, ge=0, lt=1)
+    """Lower end of the ratio's clip band, ``1 - clip_low``. Unset: the loss's own, ``ppo`` 0.2,
+    ``gspo`` 3e-4 (its ratio is a sequence's geometric mean: a far narrower band). ``gmpo`` clips
+    the log-ratio at ±0.4 and ``sapo`` gates softly: they take no band."""
+    clip_high: float | None = Field(None, ge=0)
+    """Upper end of the band, ``1 + clip_high``. Unset: ``ppo`` 0.28 (clip-higher), ``gspo`` 4e-4."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip bound c > 1 (typically 3) on the loss of negative-advantage tokens, ``-c A``;
+    ``ppo`` only. None: off."""
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = None
+    """How per-token losses are averaged over the batch. Unset: ``token-mean`` for ``ppo`` and
+    ``sapo``; ``gspo`` and ``gmpo`` are sequence-level objectives and take only
+    ``seq-mean-token-mean`` (a row's mean, then the mean over rows), as their papers define."""
     token_filter: Literal["icepop", "tis", "none"] = "icepop"
     """IcePop (drop tokens outside the band) or TIS (truncate the weight at ``icepop_high``)."""
     icepop_low: float = Field(0.5, ge=0, le=1)
@@ -365,7 +370,9 @@ class AlgoConfig(Section):
     icepop_high: float = Field(5.0, ge=1)
     """IcePop's upper bound on the ratio (TIS: the truncation)."""
     kl_coef: float = Field(0.0, ge=0)
-    """KL to the initial policy (k3); 0 (off) by default, as IcePop bounds the mismatch."""
+    """KL to the initial policy (k3, in the loss); 0 (off) by default, as IcePop bounds the
+    mismatch. As with GRPO's, the k3 term's value estimates KL(policy || reference), but its
+    gradient in expectation is that of KL(reference || policy)."""
     value_clip: float | None = 0.2
     """Clip range of the value update around the old values (None: unclipped)."""
     normalize_advantages: bool = True
@@ -374,6 +381,35 @@ class AlgoConfig(Section):
     samples of a group that all earned the same reward a nonzero advantage."""
     critic_warmup: int = Field(0, ge=0)
     """Iterations that train only the critic (``gae``; group estimators have no critic)."""
+
+    @model_validator(mode="after")
+    def _used_by_the_loss(self) -> AlgoConfig:
+        """A setting the chosen policy loss would ignore stops the run, rather than be dropped silently."""
+        band = (
+            "it clips the log-ratio at ±0.4"
+            if self.policy_loss == "gmpo"
+            else "its gate is soft, with no band"
+        )
+        why = {
+            "clip_low": band,
+            "clip_high": band,
+            "dual_clip": "dual-clip bounds ppo's token loss",
+            "agg": "it averages each row's tokens, then the rows (seq-mean-token-mean), as its paper defines",
+        }
+        unused = []
+        if self.policy_loss in ("gmpo", "sapo"):
+            unused += [f for f in ("clip_low", "clip_high") if getattr(self, f) is not None]
+        if self.policy_loss != "ppo" and self.dual_clip is not None:
+            unused.append("dual_clip")
+        if self.policy_loss in ("gspo", "gmpo") and self.agg not in (None, "seq-mean-token-mean"):
+            unused.append("agg")
+        if unused:
+            raise ValueError(
+                f"policy_loss {self.policy_loss} does not use "
+                + "; ".join(f"algo.{f}={getattr(self, f)} ({why[f]})" for f in unused)
+                + ": remove it, or choose a policy_loss that uses it"
+            )
+        return self
 
     @property
     def critic(self) -> bool:

@@ -75,8 +75,9 @@ class Batch:
 @dataclass
 class LossConfig:
     kind: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
+    clip_low: float | None = None
+    """The ratio's band (``ppo``, ``gspo``); None: the loss's own."""
+    clip_high: float | None = None
     dual_clip: float | None = None
     agg: str = "token-mean"
     kl_coef: float = 0.0
@@ -102,14 +103,16 @@ def actor_objective(
     from agentrl.algo import aggregate, kl_penalty, policy_loss
 
     mask = sub.loss_mask.to(device)
+    band = {"clip_low": loss.clip_low, "clip_high": loss.clip_high}
+    if loss.kind == "gspo":  # its band is a parameter of its own
+        band = {"gspo_clip_low": loss.clip_low, "gspo_clip_high": loss.clip_high}
     value, metrics = policy_loss(
         logp,
         sub.old_logprobs.to(device),
         sub.advantages.to(device),
         mask,
         loss.kind,
-        clip_low=loss.clip_low,
-        clip_high=loss.clip_high,
+        **{k: v for k, v in band.items() if v is not None},
         dual_clip=loss.dual_clip,
         token_weights=None if sub.token_weights is None else sub.token_weights.to(device),
         agg=loss.agg,

@@ -78,7 +78,7 @@ def loss_config(cfg: TrainConfig) -> LossConfig:
         clip_low=a.clip_low,
         clip_high=a.clip_high,
         dual_clip=a.dual_clip,
-        agg=a.agg,
+        agg=a.agg or "token-mean",
         kl_coef=a.kl_coef,
         # the engine reports a greedy turn's log-probs at temperature 1 (SGLang's rule too)
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,

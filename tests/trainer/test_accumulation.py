@@ -131,3 +131,29 @@ def test_the_logged_metrics_are_the_whole_minibatchs_whatever_the_packing(agg):
         "actor/policy_loss",
     ):
         assert per_row[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("kind", ["ppo", "gspo"])
+def test_the_configured_band_reaches_the_loss_and_unset_takes_the_losss_own(kind):
+    """``algo.clip_low`` / ``clip_high`` set the band of ``ppo`` and of ``gspo`` (its own parameters
+    in ``policy_loss``); unset, each loss keeps its paper's band (``gspo``'s is 3e-4 / 4e-4)."""
+    from agentrl.algo import policy_loss
+    from agentrl.config import AlgoConfig, TrainConfig
+    from agentrl.trainer.backend import actor_objective
+    from agentrl.trainer.build import loss_config
+
+    batch, noise = prepared_batch()
+    torch.manual_seed(1)
+    logp = torch.where(batch.loss_mask, -1.0 + 0.3 * torch.randn(batch.loss_mask.shape), 0.0)
+    batch.old_logprobs = torch.where(batch.loss_mask, logp + noise(), 0.0)
+    entropy = torch.zeros_like(logp)
+
+    def clip_frac(**algo) -> float:
+        cfg = TrainConfig.model_validate({"algo": AlgoConfig(policy_loss=kind, **algo).model_dump()})
+        return actor_objective(logp, entropy, batch, loss_config(cfg), torch.device("cpu"))[1]["clip_frac"]
+
+    mask = batch.loss_mask
+    own = {"ppo": {}, "gspo": {"gspo_clip_low": 3e-4, "gspo_clip_high": 4e-4}}[kind]
+    want_own = policy_loss(logp, batch.old_logprobs, batch.advantages, mask, kind, **own)[1]["clip_frac"]
+    wide = {"clip_low": 0.9, "clip_high": 50.0}
+    assert clip_frac() == want_own and clip_frac(**wide) == 0.0 < want_own

@@ -709,6 +709,15 @@ def test_bad_train_config_names_the_key(capsys):
     assert "algo.critic_warmup=1 trains only the critic" in err and "set algo.critic_warmup=0" in err
     assert main(["train", recipe, "algo.policy_loss=gmpo"]) == 2
     assert "use estimator grpo or rloo with gmpo" in capsys.readouterr().err
+    # a setting the chosen loss would ignore, or a dual-clip bound that bounds nothing
+    for bad, message in [
+        ("algo.policy_loss=sapo algo.clip_high=0.3", "policy_loss sapo does not use algo.clip_high=0.3"),
+        ("algo.policy_loss=gspo algo.dual_clip=3", "policy_loss gspo does not use algo.dual_clip=3.0"),
+        ("algo.policy_loss=gspo algo.agg=token-mean", "policy_loss gspo does not use algo.agg=token-mean"),
+        ("algo.dual_clip=0.5", "'algo.dual_clip': Input should be greater than 1"),
+    ]:
+        assert main(["train", recipe, *bad.split()]) == 2
+        assert message in capsys.readouterr().err, bad
     # numbers that are not finite, a ratio band below 0, a run outside its output directory
     for bad, message in [
         ("optim.actor_lr=.inf", "'optim.actor_lr': Input should be a finite number (got inf)"),

@@ -128,8 +128,9 @@ if [ "$uid" = 0 ]; then
 else
     as_user=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all)
 fi
-umask 0  # UID may write its output file (see below); only its processes' descriptors reach it
-if ! { : > "$out"; } 2>/dev/null; then
+# UID may write its output file (see below; only its processes' descriptors reach it). In a subshell:
+# the command inherits the runner's umask, which stays as it was
+if ! (umask 0 && : > "$out") 2>/dev/null; then
     printf 'agentrl: cannot write the output file %s (is the sandbox out of space?)\n' "$out"
     printf '\n%s %d %d %d %d %d\n' "$nonce" 125 0 0 0 0
     exit 0
@@ -145,7 +146,6 @@ if ! reserve; then
     "${as_user[@]}" find /proc/[0-9]*/fd -lname "$outdir/* (deleted)" -exec truncate --size 0 {} + 2> /dev/null
     reserve
 fi
-umask 077
 mkfifo -m 600 "$out.tick"
 # The watchdog is forked before the command: a fork bomb may leave no process to fork it after.
 # It runs until the runner has written the result (a bomb can start in the background and reach the

@@ -94,6 +94,18 @@ def test_processes_that_keep_moving_to_new_pids_do_not_outlive_a_timeout():
     assert older.output.split()[0].startswith("S"), older.output  # sleeping: not stopped ("T")
 
 
+def test_the_runner_leaves_the_commands_umask_as_docker_sets_it():
+    """The runner makes each output file writable by the sandbox's user, in a subshell of its own: the
+    command's umask stays Docker's 0022, and the files it creates are 644 (one version gave it 0077)."""
+    require_docker()
+
+    async def go():
+        async with sandbox("docker") as sb:
+            return await sb.exec("umask; touch made; stat -c %a made", timeout=10)
+
+    assert run(go()).output == "0022\n644\n"
+
+
 @pytest.mark.slow  # fills a 256 MiB tmpfs in a 1 GiB container: hard on a shared Docker daemon
 def test_a_background_writer_costs_later_commands_neither_output_nor_exit_code():
     """A background writer that keeps the (deleted) output file of its command full: the next commands

@@ -128,23 +128,24 @@ if [ "$uid" = 0 ]; then
 else
     as_user=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all)
 fi
-# UID may write its output file (see below; only its processes' descriptors reach it). In a subshell:
-# the command inherits the runner's umask, which stays as it was
-if ! (umask 0 && : > "$out") 2>/dev/null; then
+# The output file, writable by UID (see below; only its processes' descriptors reach it), and room
+# for the command's first output, which a background writer cannot take then (the command appends:
+# a redirection that truncates would give the room back). In one subshell: the command inherits the
+# runner's umask, which stays as it was.
+room=$((cap < 1048576 ? cap : 1048576))
+(umask 0 && : > "$out" || exit 125; exec fallocate --keep-size --length "$room" "$out") 2> /dev/null
+made=$?
+if [ "$made" = 125 ]; then
     printf 'agentrl: cannot write the output file %s (is the sandbox out of space?)\n' "$out"
     printf '\n%s %d %d %d %d %d\n' "$nonce" 125 0 0 0 0
     exit 0
 fi
-reserve() {  # room for the command's first output, which a background writer cannot take then (the
-    # command appends: a redirection that truncates would give it back)
-    fallocate --keep-size --length $((cap < 1048576 ? cap : 1048576)) "$out" 2> /dev/null
-}
-if ! reserve; then
+if [ "$made" != 0 ]; then
     # No room: output files of earlier commands that their background processes still write to are
     # emptied (the writers go on at their offsets, and a hole takes no room on a tmpfs). As UID:
     # root without CAP_SYS_PTRACE cannot see another user's open files, and UID may write them.
     "${as_user[@]}" find /proc/[0-9]*/fd -lname "$outdir/* (deleted)" -exec truncate --size 0 {} + 2> /dev/null
-    reserve
+    fallocate --keep-size --length "$room" "$out" 2> /dev/null
 fi
 mkfifo -m 600 "$out.tick"
 # The watchdog is forked before the command: a fork bomb may leave no process to fork it after.

@@ -80,12 +80,12 @@ as_user_kill() {  # as_user_kill SIGNAL: kill(-1) as UID, which reaches every pr
     # (a fork that races with it is undone by the kernel), so none can fork past it. It needs a fork
     # of its own: tried only with room under the pids limit, as bash retries a refused fork for 15 s.
     local d current=0 max=max
-    [ "$uid" = 0 ] && return 1  # as root it would take everything down
+    [ "$uid" = 0 ] && return 1  # as root it would take everything down (as_user: set before any reap)
     for d in /sys/fs/cgroup /sys/fs/cgroup/pids; do
         [ -r "$d/pids.current" ] && { read -r current < "$d/pids.current"; read -r max < "$d/pids.max"; break; }
     done
     [ "$max" = max ] || [ $((current + 16)) -lt "$max" ] || return 1
-    setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all bash -c "kill -$1 -1" 2> /dev/null
+    "${as_user[@]}" bash -c "kill -$1 -1" 2> /dev/null
 }
 
 reap() {  # reap new|all: the processes to kill (new: those the command started)

@@ -408,7 +408,7 @@ class BugfixEnv(CodingEpisodeEnv):
         hidden = sum(t.startswith("hidden::") for t in failing)
         if hidden:
             summary += f" ({hidden} of them hidden checks)"
-        ok = not failing and passed == len(task_checks) == self.spec.n_tests + len(self.spec.hidden)
+        ok = not failing and len(task_checks) == self.spec.n_tests + len(self.spec.hidden)
         output = f"{r.output.rstrip()}\n[agentrl grader] {summary}\n"
         if self.grader == "python" or not ok:
             return (1.0 if ok else 0.0), output

@@ -82,9 +82,12 @@ def _last_n_args(rng: random.Random) -> str:
     return f"({items}, {rng.randint(0, len(items))})"
 
 
+def _word(rng: random.Random, shortest: int, longest: int) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(shortest, longest)))
+
+
 def _fit_width_args(rng: random.Random) -> str:
-    text = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(0, 10)))
-    return f"({text!r}, {rng.randint(0, 12)})"
+    return f"({_word(rng, 0, 10)!r}, {rng.randint(0, 12)})"
 
 
 def t_scale(rng):
@@ -316,7 +319,7 @@ def t_average(rng):
 def t_fit_width(rng):
     name = _pick(rng, ("fit_width", "pad_to", "fixed_width", "left_justify"))
     w = rng.randint(4, 8)
-    short = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 3)))
+    short = _word(rng, 1, 3)
     code = f"def {name}(text, width, fill='.'):\n    return text[:width].ljust(width, fill)\n"
     tests = [
         f"assert {name}({short!r}, {w}) == {short!r} + '.' * {w - len(short)}",
@@ -455,11 +458,7 @@ def _test_source(package: str, module: str, functions: list[Function]) -> str:
 def _run_tests(sources: dict[str, str], tests: dict[str, str]) -> list[str]:
     """Failing test names when the tests run in-process against ``sources`` (module name -> code)."""
     failing = []
-    namespaces = {}
-    for module, code in sources.items():
-        ns: dict = {}
-        exec(compile(code, module, "exec"), ns)
-        namespaces[module] = ns
+    namespaces = {module: _namespace(code, module) for module, code in sources.items()}
     for module, code in tests.items():
         ns = dict(namespaces[module])
         body = code.split("\n", 1)[1]  # drop the import line: the names are already in ns

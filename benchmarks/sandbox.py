@@ -6,11 +6,14 @@
    SDK ``container.exec_run("true")`` on the same container. Goal: at most 1.3x.
 2. Warm-pool ``acquire()`` (a pre-started sandbox, reset after its last use) against a cold
    sandbox start (create + start + workspace setup). Goal: at least 5x faster.
-3. 32 sandboxes running 20 commands each, all at once: throughput and p50/p99 latency.
+3. 32 sandboxes running 20 commands each, all at once: throughput and p50/p99 latency, and how many
+   commands did not come back (a sandbox given up for dead). ``--load-rounds N`` repeats this load N
+   times more with fresh sandboxes and counts those commands only (a rare loss needs many commands).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -64,24 +67,40 @@ async def pool_vs_cold(rounds: int = 10) -> tuple[float, float]:
     return statistics.median(cold), statistics.median(warm)
 
 
-async def concurrency(n_sandboxes: int = 32, n_commands: int = 20) -> dict[str, float]:
-    latencies: list[float] = []
+async def load(n_sandboxes: int, n_commands: int, latencies: list[float]) -> tuple[list, int, float, float]:
+    """``n_sandboxes`` fresh sandboxes run ``n_commands`` each at once. Returns the sandboxes (still
+    running), how many commands did not come back with exit code 0, the start time and the wall time.
+    A sandbox whose command is lost runs no more of them; its remaining commands count as lost."""
+    lost = 0
 
     async def worker(sb):
+        nonlocal lost
         for i in range(n_commands):
             t = time.perf_counter()
             r = await sb.exec(f"echo {i} && ls / > /dev/null", timeout=60)
             latencies.append(time.perf_counter() - t)
-            assert r.exit_code == 0, r
+            if r.exit_code != 0 or r.output != f"{i}\n":
+                print(f"  lost: sandbox {sb.container_id[:12]} command {i}: {r}", flush=True)
+                lost += n_commands - i
+                return
 
     sandboxes = [make_sandbox("docker", memory="256m") for _ in range(n_sandboxes)]
     t = time.perf_counter()
     await asyncio.gather(*(sb.start() for sb in sandboxes))
     started = time.perf_counter() - t
+    t = time.perf_counter()
     try:
-        t = time.perf_counter()
         await asyncio.gather(*(worker(sb) for sb in sandboxes))
-        wall = time.perf_counter() - t
+    except BaseException:
+        await asyncio.gather(*(sb.close() for sb in sandboxes))
+        raise
+    return sandboxes, lost, started, time.perf_counter() - t
+
+
+async def concurrency(n_sandboxes: int = 32, n_commands: int = 20) -> dict[str, float]:
+    latencies: list[float] = []
+    sandboxes, lost, started, wall = await load(n_sandboxes, n_commands, latencies)
+    try:
         # Baseline: the same load through the raw SDK's exec_run, on 32 threads.
         raw_latencies: list[float] = []
 
@@ -92,14 +111,17 @@ async def concurrency(n_sandboxes: int = 32, n_commands: int = 20) -> dict[str, 
                 container.exec_run(["bash", "-c", f"echo {i} && ls / > /dev/null"], user="agent")
                 raw_latencies.append(time.perf_counter() - t0)
 
+        up = await asyncio.gather(*(sb.alive() for sb in sandboxes))
+        alive = [sb for sb, ok in zip(sandboxes, up, strict=True) if ok]
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(n_sandboxes) as pool:
             t = time.perf_counter()
-            await asyncio.gather(*(loop.run_in_executor(pool, raw_worker, sb) for sb in sandboxes))
+            await asyncio.gather(*(loop.run_in_executor(pool, raw_worker, sb) for sb in alive))
             raw_wall = time.perf_counter() - t
     finally:
         await asyncio.gather(*(sb.close() for sb in sandboxes))
     return {
+        "lost": lost,
         "start_all_s": started,
         "wall_s": wall,
         "throughput": len(latencies) / wall,
@@ -111,7 +133,17 @@ async def concurrency(n_sandboxes: int = 32, n_commands: int = 20) -> dict[str, 
     }
 
 
-async def main() -> int:
+async def lost_commands(rounds: int, n_sandboxes: int = 32, n_commands: int = 20) -> int:
+    lost = 0
+    for k in range(rounds):
+        sandboxes, lost_now, _, wall = await load(n_sandboxes, n_commands, [])
+        await asyncio.gather(*(sb.close() for sb in sandboxes))
+        lost += lost_now
+        print(f"[load] round {k + 1} of {rounds}: {wall:.1f} s, commands lost so far {lost}", flush=True)
+    return lost
+
+
+async def main(load_rounds: int) -> int:
     ok = True
     ours, raw = await exec_overhead()
     ratio = ours / raw
@@ -133,11 +165,24 @@ async def main() -> int:
         f"{c['throughput']:.0f} commands/s over {c['wall_s']:.1f} s; latency p50 {c['p50'] * 1e3:.0f} ms, "
         f"p99 {c['p99'] * 1e3:.0f} ms\n              raw exec_run baseline, same load: {c['raw_throughput']:.0f} commands/s, "
         f"p50 {c['raw_p50'] * 1e3:.0f} ms, p99 {c['raw_p99'] * 1e3:.0f} ms -> throughput ratio "
-        f"{c['throughput'] / c['raw_throughput']:.2f}"
+        f"{c['throughput'] / c['raw_throughput']:.2f}; commands lost: {c['lost']} of 640"
     )
+    if load_rounds:
+        lost = await lost_commands(load_rounds)
+        print(
+            f"[load] {load_rounds} more rounds of 32 sandboxes x 20 commands: {lost} of {load_rounds * 640} lost"
+        )
+        ok &= lost == 0
+    ok &= c["lost"] == 0
     print("all goals met" if ok else "some goals MISSED")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--load-rounds", type=int, default=0, help="more rounds of part 3, counting lost commands"
+    )
+    sys.exit(asyncio.run(main(parser.parse_args().load_rounds)))

@@ -85,7 +85,7 @@ as_user_kill() {  # as_user_kill SIGNAL: kill(-1) as UID, which reaches every pr
         [ -r "$d/pids.current" ] && { read -r current < "$d/pids.current"; read -r max < "$d/pids.max"; break; }
     done
     [ "$max" = max ] || [ $((current + 16)) -lt "$max" ] || return 1
-    "${as_user[@]}" bash -c "kill -$1 -1" 2> /dev/null
+    "${as_user[@]}" bash -c "kill -$1 -1" 2> /dev/null 4<&-
 }
 
 reap() {  # reap new|all: the processes to kill (new: those the command started)
@@ -148,18 +148,26 @@ if [ "$made" != 0 ]; then
     fallocate --keep-size --length "$room" "$out" 2> /dev/null
 fi
 mkfifo -m 600 "$out.tick"
+# The watchdog's sleep: read -t on this pipe (a sleep without a fork). To end it, the runner makes the
+# file $out.end, which the watchdog looks for at every tick, and writes a line to the pipe to wake it
+# at once. The file is what ends it: bash's read -t can take the line and still report a timeout
+# (when its 0.1 s ran out while it read), and a SIGTERM, what the runner sent before, was lost now
+# and then under load (32 sandboxes on 2 cores): the runner waited on the watchdog until the caller
+# gave the sandbox up for dead. Opened before the fork, so that a line written early stays in the pipe.
+exec 4<> "$out.tick"
 # The watchdog is forked before the command: a fork bomb may leave no process to fork it after.
 # It runs until the runner has written the result (a bomb can start in the background and reach the
-# limit only then); SIGTERM ends it, but never half-way through a reap (stopped processes would stay).
+# limit only then), and never stops half-way through a reap (stopped processes would stay). SIGTERM
+# (from a caller's cancel, which signals the runner's processes by pattern) ends it the same way.
 (
     reaping=0 stop=0
     trap '[ "$reaping" = 1 ] && stop=1 || exit 0' TERM
-    exec 3<> "$out.tick"  # read -t on a pipe that never gets data: a sleep without a fork
     now=${EPOCHREALTIME/./}
     ms=${timeout_s/./}
     deadline=$((now + 10#$ms * 1000))
     while :; do
-        read -r -t 0.1 -u 3
+        read -r -t 0.1 -u 4
+        [ -e "$out.end" ] && exit 0
         counters
         if [ "$pids" -gt "$pids_before" ]; then
             reaping=1
@@ -185,17 +193,18 @@ if [ "$pieces" -gt 1 ]; then
     # as fd 3 (the user cannot reach OUTDIR by path; the script closes fd 3 first)
     printf 'exec 3<&-; %s' "$cmd" > "$out.cmd"
     chmod 444 "$out.cmd"
-    "${as_user[@]}" bash /dev/fd/3 3< "$out.cmd" >> "$out" 2>&1 < /dev/null &
+    "${as_user[@]}" bash /dev/fd/3 3< "$out.cmd" >> "$out" 2>&1 < /dev/null 4<&- &
 else
-    "${as_user[@]}" bash -c "$cmd" >> "$out" 2>&1 < /dev/null &
+    "${as_user[@]}" bash -c "$cmd" >> "$out" 2>&1 < /dev/null 4<&- &
 fi
 pid=$!
 cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
     kill -KILL -- "-$pid"
-    kill -TERM "$dog"
+    : > "$out.end"
+    printf '\n' >&4
     wait "$dog"
     reap new
-    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
+    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"
     exit 143
 }
 trap cancel TERM
@@ -219,7 +228,8 @@ shown() {  # the output returned: its head and tail only when above CAP bytes
 # The result is kept in a file as well as printed: a heavily loaded daemon has been seen to drop the
 # output of a quick exec, and the caller can then read it back (results older than 10 min are removed).
 shown > "$res" 2> /dev/null && kept=1 || kept=0
-kill -TERM "$dog"
+: > "$out.end"
+printf '\n' >&4
 wait "$dog"
 counters
 pids_exhausted=0
@@ -233,10 +243,10 @@ oom_killed=0
 printf -v trailer '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted"
 find "$resdir" -name '*.result' -mmin +10 -delete 2>/dev/null
 if [ "$kept" = 1 ] && printf %s "$trailer" >> "$res" 2> /dev/null; then
-    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
+    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"
     exec cat "$res"
 fi
 rm -f "$res"  # no room to keep it (a diff of hundreds of MiB): printed only
 shown
 printf %s "$trailer"
-rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done"
+rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"

@@ -108,10 +108,11 @@ def test_the_runner_leaves_the_commands_umask_as_docker_sets_it():
 
 def test_the_runner_ends_its_watchdog_though_its_signal_and_its_wake_up_are_lost():
     """The runner ends its watchdog with a file the watchdog looks for at every tick. Under load (32
-    sandboxes on 2 cores) its SIGTERM was lost about once in 2,000 commands, and so was the line it
-    then wrote to the pipe the watchdog waits on (bash's read -t took it and reported a timeout): the
-    runner waited, and the caller gave the sandbox up for dead. Here the runner is started with
-    SIGTERM ignored (a bash script cannot trap or undo that) and without its wake-up line."""
+    sandboxes on 2 cores) the SIGTERM it sent before was lost about once in 4,000 commands, and a line
+    on the pipe the watchdog waits on, tried instead, was lost more often (bash's read -t took it and
+    reported a timeout): the runner waited, and the caller gave the sandbox up for dead. Here the
+    runner is started with SIGTERM ignored (a bash script cannot trap or undo that) and without its
+    wake-up lines."""
     require_docker()
     from agentrl.sandboxes.docker import OUTPUT_DIR, RESULT_DIR, RUNNER_PATH
 

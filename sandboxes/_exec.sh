@@ -198,13 +198,19 @@ else
     "${as_user[@]}" bash -c "$cmd" >> "$out" 2>&1 < /dev/null 4<&- &
 fi
 pid=$!
-cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
-    kill -KILL -- "-$pid"
+end_watchdog() {  # the file ends it; the line wakes it at once (see the pipe above)
     : > "$out.end"
     printf '\n' >&4
     wait "$dog"
-    reap new
+}
+remove_files() {
     rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"
+}
+cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
+    kill -KILL -- "-$pid"
+    end_watchdog
+    reap new
+    remove_files
     exit 143
 }
 trap cancel TERM
@@ -228,9 +234,7 @@ shown() {  # the output returned: its head and tail only when above CAP bytes
 # The result is kept in a file as well as printed: a heavily loaded daemon has been seen to drop the
 # output of a quick exec, and the caller can then read it back (results older than 10 min are removed).
 shown > "$res" 2> /dev/null && kept=1 || kept=0
-: > "$out.end"
-printf '\n' >&4
-wait "$dog"
+end_watchdog
 counters
 pids_exhausted=0
 if [ -e "$out.pids" ] || [ "$pids" -gt "$pids_before" ]; then
@@ -243,10 +247,10 @@ oom_killed=0
 printf -v trailer '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted"
 find "$resdir" -name '*.result' -mmin +10 -delete 2>/dev/null
 if [ "$kept" = 1 ] && printf %s "$trailer" >> "$res" 2> /dev/null; then
-    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"
+    remove_files
     exec cat "$res"
 fi
 rm -f "$res"  # no room to keep it (a diff of hundreds of MiB): printed only
 shown
 printf %s "$trailer"
-rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"
+remove_files

@@ -112,7 +112,7 @@ def test_the_runner_ends_its_watchdog_though_its_signal_and_its_wake_up_are_lost
     on the pipe the watchdog waits on, tried instead, was lost more often (bash's read -t took it and
     reported a timeout): the runner waited, and the caller gave the sandbox up for dead. Here the
     runner is started with SIGTERM ignored (a bash script cannot trap or undo that) and without its
-    wake-up lines."""
+    wake-up line."""
     require_docker()
     from agentrl.sandboxes.docker import OUTPUT_DIR, RESULT_DIR, RUNNER_PATH
 
@@ -136,7 +136,7 @@ def test_the_runner_ends_its_watchdog_though_its_signal_and_its_wake_up_are_lost
                 return removed, nonce, b"the runner did not end"
 
     removed, nonce, raw = run(go())
-    assert removed.strip() == "2", removed  # the runner's two wake-ups (its end, and its cancel)
+    assert removed.strip() == "1", removed  # the runner's wake-up line (end_watchdog's)
     assert raw == f"hello\n\n{nonce} 0 0 0 6 0\n".encode(), raw
 
 

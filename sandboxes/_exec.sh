@@ -120,14 +120,39 @@ rounds() {  # rounds new|all: stop the processes first (a stopped process cannot
     done
 }
 
-counters; oom_before=$oom pids_before=$pids
+end_watchdog() {  # the file ends it; the line wakes it at once (see the pipe below)
+    : > "$out.end"
+    printf '\n' >&4
+    wait "$dog"
+}
+remove_files() {
+    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"
+}
+cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
+    trap '' TERM  # the caller sends TERM again until the runner is gone: that must not cut this short
+    dog=${dog:-$!}  # (before the command's fork, the watchdog is the only job started)
+    [ -n "$pid" ] && kill -KILL -- "-$pid"
+    [ -n "$dog" ] && end_watchdog
+    reap new
+    remove_files
+    exit 143
+}
+
+# A cancel can come at any point, even before the command starts (under load, the runner's first
+# steps take a second): TERM is trapped before anything is made, so that none of it stays. Before
+# this point, TERM ends the runner with nothing made. A cancel that came before the runner started
+# (the daemon starts an exec late under load) left a mark, looked for only once the trap is set: a
+# runner that looked too early was already running when the caller sent TERM.
+pid= dog=
 starttime $$; since=$value
-dog=
 if [ "$uid" = 0 ]; then
     as_user=()
 else
     as_user=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all)
 fi
+trap cancel TERM
+[ -e "$resdir/$tag.cancel" ] && { rm -f "$resdir/$tag.cancel"; exit 143; }
+counters; oom_before=$oom pids_before=$pids
 # The output file, writable by UID (see below; only its processes' descriptors reach it), and room
 # for the command's first output, which a background writer cannot take then (the command appends:
 # a redirection that truncates would give the room back). In one subshell: the command inherits the
@@ -168,6 +193,7 @@ exec 4<> "$out.tick"
     while :; do
         read -r -t 0.1 -u 4
         [ -e "$out.end" ] && exit 0
+        [ -e "/proc/$$" ] || exit 0  # a runner killed outright: at its deadline this would reap later commands
         counters
         if [ "$pids" -gt "$pids_before" ]; then
             reaping=1
@@ -198,22 +224,6 @@ else
     "${as_user[@]}" bash -c "$cmd" >> "$out" 2>&1 < /dev/null 4<&- &
 fi
 pid=$!
-end_watchdog() {  # the file ends it; the line wakes it at once (see the pipe above)
-    : > "$out.end"
-    printf '\n' >&4
-    wait "$dog"
-}
-remove_files() {
-    rm -f "$out" "$out.cmd" "$out.tick" "$out.timeout" "$out.pids" "$out.done" "$out.end"
-}
-cancel() {  # the caller gave up on the command (SIGTERM from agentrl): nothing of it may stay
-    kill -KILL -- "-$pid"
-    end_watchdog
-    reap new
-    remove_files
-    exit 143
-}
-trap cancel TERM
 wait -f "$pid"  # -f: until it ends, not when it is stopped (as the watchdog does before a kill)
 rc=$?
 : > "$out.done"
@@ -245,7 +255,7 @@ fi
 oom_killed=0
 [ "$oom" -gt "$oom_before" ] && oom_killed=1
 printf -v trailer '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted"
-find "$resdir" -name '*.result' -mmin +10 -delete 2>/dev/null
+find "$resdir" \( -name '*.result' -o -name '*.cancel' \) -mmin +10 -delete 2>/dev/null
 if [ "$kept" = 1 ] && printf %s "$trailer" >> "$res" 2> /dev/null; then
     remove_files
     exec cat "$res"

@@ -140,6 +140,95 @@ def test_the_runner_ends_its_watchdog_though_its_signal_and_its_wake_up_are_lost
     assert raw == f"hello\n\n{nonce} 0 0 0 6 0\n".encode(), raw
 
 
+async def run_runner(sb, runner: str, tag: str, cmd: str, wait_s: float = 15) -> bytes:
+    """Run a copy of the Docker runner at ``runner`` in ``sb`` as ``Sandbox.exec`` does; its raw output."""
+    from agentrl.sandboxes.docker import OUTPUT_DIR, RESULT_DIR
+
+    uid, gid = await sb._user_ids(sb.config.user)
+    api = sb._client.api
+    argv = ["bash", runner, "20.000", "1000", tag, OUTPUT_DIR, uid, gid, RESULT_DIR, cmd]
+    exec_id = api.exec_create(sb.container_id, argv, user="root", environment={"AGENTRL_TRAILER": "x"})
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(api.exec_start, exec_id["Id"]), wait_s)
+    except TimeoutError:
+        return b"the runner did not end"
+
+
+LEFT_BEHIND = 'pgrep -af "^bash /tmp/runner"; pgrep -u "$1" -a; ls /run/agentrl; true'
+
+
+@pytest.mark.parametrize("where", ["dog=$!", "pid=$!"])
+def test_a_cancel_that_lands_while_the_runner_starts_leaves_nothing(where):
+    """The caller's cancel (SIGTERM to the runner) can land at any point of the runner, before it waits
+    on the command too: under load its first steps take a second. It used to be trapped only then,
+    and a cancel that landed before killed the runner and left the command running with no timeout
+    (after the command's fork) or the watchdog (after its fork), about once in 30 cancels with 32
+    sandboxes on 2 cores. Here the runner cancels itself just after each fork."""
+    require_docker()
+    from agentrl.sandboxes.docker import RUNNER_PATH
+
+    async def go():
+        async with sandbox("docker") as sb:
+            _, added = await sb._call(
+                sb._control,
+                f"sed '/^{where}$/a kill -TERM $$' {RUNNER_PATH} > /tmp/runner; "
+                f"diff {RUNNER_PATH} /tmp/runner | grep -c '^>'",
+            )
+            raw = await run_runner(sb, "/tmp/runner", uuid.uuid4().hex, "sleep 1411 & sleep 1412")
+            await asyncio.sleep(0.5)
+            uid, _ = await sb._user_ids(sb.config.user)
+            return added, raw, (await sb._call(sb._control, LEFT_BEHIND, uid))[1]
+
+    added, raw, left = run(go())
+    assert added.strip() == "1", added
+    assert raw == b"", raw  # cancelled: no output, no trailer
+    assert left == "", left
+
+
+def test_a_cancel_that_comes_before_the_runner_starts_stops_it_when_it_does():
+    """Under load the daemon can start a command's runner after the caller's cancel has looked for it:
+    the cancel leaves a mark, and a runner that finds it runs nothing."""
+    require_docker()
+    from agentrl.sandboxes.docker import RESULT_DIR, RUNNER_PATH
+
+    async def go():
+        async with sandbox("docker") as sb:
+            tag = uuid.uuid4().hex
+            await sb._call(sb._cancel_command, tag)
+            raw = await run_runner(sb, RUNNER_PATH, tag, "touch /tmp/ran; sleep 1421")
+            uid, _ = await sb._user_ids(sb.config.user)
+            _, left = await sb._call(sb._control, f"ls /tmp/ran {RESULT_DIR}/*.cancel 2>&1 | grep -v 'No such'; {LEFT_BEHIND}", uid)
+            r = await sb.exec("echo next")  # the mark stops that runner only
+            return raw, left, r.output
+
+    raw, left, after = run(go())
+    assert raw == b"", raw
+    assert left == "", left
+    assert after == "next\n"
+
+
+def test_a_watchdog_whose_runner_was_killed_ends():
+    """A runner killed outright (SIGKILL, the OOM killer) cannot end its watchdog: left alone, at the
+    command's deadline it would kill every process started since, later commands' included."""
+    require_docker()
+    from agentrl.sandboxes.docker import RUNNER_PATH
+
+    async def go():
+        async with sandbox("docker") as sb:
+            _, added = await sb._call(
+                sb._control,
+                f"sed '/^pid=$!$/a kill -KILL $$' {RUNNER_PATH} > /tmp/runner; "
+                f"diff {RUNNER_PATH} /tmp/runner | grep -c '^>'",
+            )
+            await run_runner(sb, "/tmp/runner", uuid.uuid4().hex, "sleep 1431")
+            await asyncio.sleep(1.0)
+            return added, (await sb._call(sb._control, 'pgrep -af "^bash /tmp/runner"; true'))[1]
+
+    added, left = run(go())
+    assert added.strip() == "1", added
+    assert left == "", left
+
+
 @pytest.mark.slow  # fills a 256 MiB tmpfs in a 1 GiB container: hard on a shared Docker daemon
 def test_a_background_writer_costs_later_commands_neither_output_nor_exit_code():
     """A background writer that keeps the (deleted) output file of its command full: the next commands

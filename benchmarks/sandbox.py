@@ -9,12 +9,18 @@
 3. 32 sandboxes running 20 commands each, all at once: throughput and p50/p99 latency, and how many
    commands did not come back (a sandbox given up for dead). ``--load-rounds N`` repeats this load N
    times more with fresh sandboxes and counts those commands only (a rare loss needs many commands).
+4. ``--cancel-rounds N``: N rounds of 32 sandboxes each cancelling 20 commands (one with a background
+   child) at a random point of their first 1.5 s, under that load: counts the cancels that left a
+   runner, a process of the agent or an output file behind 5 s later, and the next commands that
+   did not come back right. Goal: none.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import random
 import statistics
 import sys
 import time
@@ -143,7 +149,55 @@ async def lost_commands(rounds: int, n_sandboxes: int = 32, n_commands: int = 20
     return lost
 
 
-async def main(load_rounds: int) -> int:
+LEFT = 'pgrep -f "^bash /.agentrl-runner" | wc -l; pgrep -u "$1" | wc -l; ls /run/agentrl | wc -l'
+
+
+async def cancelled_commands(rounds: int, n_sandboxes: int = 32, n_cancels: int = 20) -> tuple[int, int, int]:
+    """Returns (cancels, cancels that left something behind, next commands that went wrong)."""
+    counts = {"cancels": 0, "left": 0, "bad": 0}
+    rng = random.Random(0)
+
+    async def worker(sb):
+        uid, _ = await sb._user_ids(sb.config.user)
+        for i in range(n_cancels):
+            task = asyncio.ensure_future(sb.exec("(sleep 300 &); sleep 200", timeout=60))
+            await asyncio.sleep(rng.uniform(0.0, 1.5))
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            counts["cancels"] += 1
+            deadline = time.perf_counter() + 5
+            while True:
+                _, out = await sb._call(sb._control, LEFT, uid)
+                if out.split() == ["0", "0", "0"]:
+                    break
+                if time.perf_counter() > deadline:
+                    counts["left"] += 1
+                    print(
+                        f"  left behind in {sb.container_id[:12]} (runners, processes, files): {out.split()}"
+                    )
+                    await sb._call(
+                        sb._control, 'pkill -KILL -u "$1"; pkill -KILL -f "^bash /.agentrl-"; true', uid
+                    )
+                    break
+                await asyncio.sleep(0.2)
+            r = await sb.exec(f"echo {i}", timeout=60)
+            if r.output != f"{i}\n":
+                counts["bad"] += 1
+                print(f"  next command in {sb.container_id[:12]}: {r}")
+
+    for k in range(rounds):
+        sandboxes = [make_sandbox("docker", memory="256m") for _ in range(n_sandboxes)]
+        try:
+            await asyncio.gather(*(sb.start() for sb in sandboxes))
+            await asyncio.gather(*(worker(sb) for sb in sandboxes))
+        finally:
+            await asyncio.gather(*(sb.close() for sb in sandboxes))
+        print(f"[cancel] round {k + 1} of {rounds}: {counts}", flush=True)
+    return counts["cancels"], counts["left"], counts["bad"]
+
+
+async def main(load_rounds: int, cancel_rounds: int) -> int:
     ok = True
     ours, raw = await exec_overhead()
     ratio = ours / raw
@@ -173,6 +227,13 @@ async def main(load_rounds: int) -> int:
             f"[load] {load_rounds} more rounds of 32 sandboxes x 20 commands: {lost} of {load_rounds * 640} lost"
         )
         ok &= lost == 0
+    if cancel_rounds:
+        n, left, bad = await cancelled_commands(cancel_rounds)
+        print(
+            f"[cancel] {n} commands cancelled under load: {left} left something behind, {bad} next "
+            f"commands went wrong (goal: none)"
+        )
+        ok &= left == 0 and bad == 0
     ok &= c["lost"] == 0
     print("all goals met" if ok else "some goals MISSED")
     return 0
@@ -185,4 +246,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--load-rounds", type=int, default=0, help="more rounds of part 3, counting lost commands"
     )
-    sys.exit(asyncio.run(main(parser.parse_args().load_rounds)))
+    parser.add_argument(
+        "--cancel-rounds", type=int, default=0, help="rounds of part 4, counting cancels that left something"
+    )
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.load_rounds, args.cancel_rounds)))

@@ -16,7 +16,10 @@ at once (kill(-1) as the user, so none can keep forking past it); those started 
 began (by uid and start time, which no child can shed) are killed and the others resumed. A
 timeout's kill also takes what a command run at the same time in the same sandbox started since;
 episodes run their commands one at a time. The Docker SDK's ``exec_run`` has none of this, and a
-client-side socket timeout does not apply to exec streams.
+client-side socket timeout does not apply to exec streams. A cancelled ``exec`` (asyncio
+cancellation) returns once the runner has killed everything the command started and removed its
+files, wherever the cancel landed in the runner; one that comes before the daemon has started the
+runner leaves a mark, and the runner, when it starts, runs nothing.
 
 Files: ``read_file`` and ``write_file`` run as the sandbox's user, inside the container, on paths
 resolved there (symlinks included) that must stay inside the workspace; never through Docker's
@@ -837,7 +840,7 @@ class DockerSandbox(AsyncStartClose):
     def _cancel_command(self, tag: str) -> None:
         """Stop a cancelled command: its runner, sent SIGTERM, kills everything the command started.
 
-        Returns once the runner is gone. Under load a cancel was seen to miss about once in 30 (32
+        Returns once the runner is gone. Under load a cancel was seen to miss about once in 100 (32
         sandboxes on 2 cores): the runner had not started yet when it was signalled, or the signal was
         lost. So the cancel first leaves a mark that a runner starting later finds, then signals the
         runner again until none is left (the runner ignores the repeats while it cleans up)."""

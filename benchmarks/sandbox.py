@@ -13,6 +13,9 @@
    child) at a random point of their first 1.5 s, under that load: counts the cancels that left a
    runner, a process of the agent or an output file behind 5 s later, and the next commands that
    did not come back right. Goal: none.
+5. ``--timeout-rounds N``: N rounds of 32 sandboxes each running 10 commands (with escaping
+   background children) that reach a 1 s timeout: counts those that did not come back as a timeout
+   (a runner that never returned makes the caller give its sandbox up for dead). Goal: none.
 """
 
 from __future__ import annotations
@@ -197,7 +200,31 @@ async def cancelled_commands(rounds: int, n_sandboxes: int = 32, n_cancels: int 
     return counts["cancels"], counts["left"], counts["bad"]
 
 
-async def main(load_rounds: int, cancel_rounds: int) -> int:
+async def timed_out_commands(rounds: int, n_sandboxes: int = 32, n_commands: int = 10) -> tuple[int, int]:
+    """Returns (commands, commands that did not come back as a timeout)."""
+    counts = {"commands": 0, "wrong": 0}
+
+    async def worker(sb):
+        for _ in range(n_commands):
+            r = await sb.exec("(sleep 300 &); setsid sleep 301 & sleep 200", timeout=1)
+            counts["commands"] += 1
+            if not r.timed_out or r.sandbox_died:
+                counts["wrong"] += 1
+                print(f"  not a timeout in {sb.container_id[:12]}: {r}")
+                return
+
+    for k in range(rounds):
+        sandboxes = [make_sandbox("docker", memory="256m") for _ in range(n_sandboxes)]
+        try:
+            await asyncio.gather(*(sb.start() for sb in sandboxes))
+            await asyncio.gather(*(worker(sb) for sb in sandboxes))
+        finally:
+            await asyncio.gather(*(sb.close() for sb in sandboxes))
+        print(f"[timeout] round {k + 1} of {rounds}: {counts}", flush=True)
+    return counts["commands"], counts["wrong"]
+
+
+async def main(load_rounds: int, cancel_rounds: int, timeout_rounds: int) -> int:
     ok = True
     ours, raw = await exec_overhead()
     ratio = ours / raw
@@ -234,6 +261,12 @@ async def main(load_rounds: int, cancel_rounds: int) -> int:
             f"commands went wrong (goal: none)"
         )
         ok &= left == 0 and bad == 0
+    if timeout_rounds:
+        n, wrong = await timed_out_commands(timeout_rounds)
+        print(
+            f"[timeout] {n} commands timed out under load: {wrong} did not come back as a timeout (goal: none)"
+        )
+        ok &= wrong == 0
     ok &= c["lost"] == 0
     print("all goals met" if ok else "some goals MISSED")
     return 0
@@ -249,5 +282,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--cancel-rounds", type=int, default=0, help="rounds of part 4, counting cancels that left something"
     )
+    parser.add_argument(
+        "--timeout-rounds", type=int, default=0, help="rounds of part 5, counting timeouts that went wrong"
+    )
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.load_rounds, args.cancel_rounds)))
+    sys.exit(asyncio.run(main(args.load_rounds, args.cancel_rounds, args.timeout_rounds)))

@@ -247,6 +247,22 @@ def test_results_and_cancel_marks_older_than_ten_minutes_are_swept_by_one_comman
     assert run(go()) == [["new.result", "old.cancel", "old.result"], ["new.result"]]
 
 
+def test_a_command_that_stops_itself_is_waited_for_until_it_ends():
+    """The runner waits on the command until it has ended, not when it is stopped (the watchdog
+    stops every process before it kills; a command can stop itself): a stop ends bash's wait, and
+    the runner waits again."""
+    require_docker()
+
+    async def go():
+        async with sandbox("docker") as sb:
+            return await sb.exec(
+                "(sleep 0.5; kill -CONT $$) & kill -STOP $$; echo resumed; exit 3", timeout=20
+            )
+
+    r = run(go())
+    assert (r.exit_code, r.output, r.timed_out) == (3, "resumed\n", False), r
+
+
 def test_a_watchdog_whose_runner_was_killed_ends():
     """A runner killed outright (SIGKILL, the OOM killer) cannot end its watchdog: left alone, at the
     command's deadline it would kill every process started since, later commands' included."""

@@ -230,7 +230,7 @@ pid=$!
 # Until the command has ended, not when it is stopped (the watchdog stops every process before it
 # kills; a command can stop itself). Not `wait -f`: under load, bash 5.2's spun at full CPU in its
 # wait loop ("No record of process"), after the watchdog had stopped and killed a timed-out
-# command, about once in 1,000 timeouts with 32 sandboxes on 2 cores, until the caller gave the
+# command, about once in 500 timeouts with 32 sandboxes on 2 cores, until the caller gave the
 # sandbox up for dead. A stop ends `wait` with a status above 128: the process state tells it from
 # an end (stopped: wait again, after a tick; not yet reaped: wait again at once).
 while :; do

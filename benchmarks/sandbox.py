@@ -30,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.sandbox import SandboxPool, make_sandbox
+from agentrl.sandboxes.docker import OUTPUT_DIR, RUNNER_PATH
 
 
 def pct(values, q):
@@ -152,7 +153,20 @@ async def lost_commands(rounds: int, n_sandboxes: int = 32, n_commands: int = 20
     return lost
 
 
-LEFT = 'pgrep -f "^bash /.agentrl-runner" | wc -l; pgrep -u "$1" | wc -l; ls /run/agentrl | wc -l'
+async def in_rounds(label: str, rounds: int, n_sandboxes: int, worker, counts: dict[str, int]) -> None:
+    """``rounds`` times: ``n_sandboxes`` fresh sandboxes run ``worker(sb)`` at once, then close."""
+    for k in range(rounds):
+        sandboxes = [make_sandbox("docker", memory="256m") for _ in range(n_sandboxes)]
+        try:
+            await asyncio.gather(*(sb.start() for sb in sandboxes))
+            await asyncio.gather(*(worker(sb) for sb in sandboxes))
+        finally:
+            await asyncio.gather(*(sb.close() for sb in sandboxes))
+        print(f"[{label}] round {k + 1} of {rounds}: {counts}", flush=True)
+
+
+# runners, processes of the agent, output files
+LEFT = f'pgrep -f "^bash {RUNNER_PATH}" | wc -l; pgrep -u "$1" | wc -l; ls {OUTPUT_DIR} | wc -l'
 
 
 async def cancelled_commands(rounds: int, n_sandboxes: int = 32, n_cancels: int = 20) -> tuple[int, int, int]:
@@ -180,7 +194,7 @@ async def cancelled_commands(rounds: int, n_sandboxes: int = 32, n_cancels: int 
                         f"  left behind in {sb.container_id[:12]} (runners, processes, files): {out.split()}"
                     )
                     await sb._call(
-                        sb._control, 'pkill -KILL -u "$1"; pkill -KILL -f "^bash /.agentrl-"; true', uid
+                        sb._control, f'pkill -KILL -u "$1"; pkill -KILL -f "^bash {RUNNER_PATH}"; true', uid
                     )
                     break
                 await asyncio.sleep(0.2)
@@ -189,14 +203,7 @@ async def cancelled_commands(rounds: int, n_sandboxes: int = 32, n_cancels: int 
                 counts["bad"] += 1
                 print(f"  next command in {sb.container_id[:12]}: {r}")
 
-    for k in range(rounds):
-        sandboxes = [make_sandbox("docker", memory="256m") for _ in range(n_sandboxes)]
-        try:
-            await asyncio.gather(*(sb.start() for sb in sandboxes))
-            await asyncio.gather(*(worker(sb) for sb in sandboxes))
-        finally:
-            await asyncio.gather(*(sb.close() for sb in sandboxes))
-        print(f"[cancel] round {k + 1} of {rounds}: {counts}", flush=True)
+    await in_rounds("cancel", rounds, n_sandboxes, worker, counts)
     return counts["cancels"], counts["left"], counts["bad"]
 
 
@@ -213,14 +220,7 @@ async def timed_out_commands(rounds: int, n_sandboxes: int = 32, n_commands: int
                 print(f"  not a timeout in {sb.container_id[:12]}: {r}")
                 return
 
-    for k in range(rounds):
-        sandboxes = [make_sandbox("docker", memory="256m") for _ in range(n_sandboxes)]
-        try:
-            await asyncio.gather(*(sb.start() for sb in sandboxes))
-            await asyncio.gather(*(worker(sb) for sb in sandboxes))
-        finally:
-            await asyncio.gather(*(sb.close() for sb in sandboxes))
-        print(f"[timeout] round {k + 1} of {rounds}: {counts}", flush=True)
+    await in_rounds("timeout", rounds, n_sandboxes, worker, counts)
     return counts["commands"], counts["wrong"]
 
 

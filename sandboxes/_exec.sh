@@ -48,12 +48,16 @@ counters() {
     [ -r /sys/fs/cgroup/pids.events ] && { counter /sys/fs/cgroup/pids.events max; pids=$value; }
 }
 
-starttime() {  # starttime PID: the process's start in clock ticks since boot, in $value
-    local line rest
-    value=
+stat_fields() {  # stat_fields PID: the fields of /proc/PID/stat after the name, from the state on, in $fields
+    local line
+    fields=()
     read -r line < "/proc/$1/stat" || return 1
-    rest=${line##*) }  # the name in parentheses may hold spaces
-    read -r -a fields <<< "$rest"
+    read -r -a fields <<< "${line##*) }"  # the name in parentheses may hold spaces
+}
+
+starttime() {  # starttime PID: the process's start in clock ticks since boot, in $value
+    value=
+    stat_fields "$1" || return 1
     value=${fields[19]}
 }
 
@@ -237,9 +241,8 @@ while :; do
     wait "$pid"
     rc=$?
     [ "$rc" -gt 128 ] || break
-    read -r state < "/proc/$pid/stat" || break  # gone: it has ended
-    state=${state##*) }
-    case ${state%% *} in
+    stat_fields "$pid" || break  # gone: it has ended
+    case ${fields[0]} in
     T | t) read -r -t 0.05 -u 4 ;;  # the pipe of the watchdog's wake-ups: written only after this
     Z) ;;
     *) break ;;

@@ -114,46 +114,42 @@ def test_the_runner_ends_its_watchdog_though_its_signal_and_its_wake_up_are_lost
     runner is started with SIGTERM ignored (a bash script cannot trap or undo that) and without its
     wake-up line."""
     require_docker()
-    from agentrl.sandboxes.docker import OUTPUT_DIR, RESULT_DIR, RUNNER_PATH
+    from agentrl.sandboxes.docker import RUNNER
+
+    wake_ups = [line for line in RUNNER.split("\n") if line.endswith(">&4")]
+    assert len(wake_ups) == 1, wake_ups  # the runner's wake-up line (end_watchdog's)
 
     async def go():
         async with sandbox("docker") as sb:
-            _, removed = await sb._call(
-                sb._control,
-                f"sed '/>&4$/d' {RUNNER_PATH} > /tmp/runner; diff {RUNNER_PATH} /tmp/runner | grep -c '^<'",
-            )
-            uid, gid = await sb._user_ids(sb.config.user)
-            api, tag, nonce = sb._client.api, uuid.uuid4().hex, uuid.uuid4().hex
-            argv = ["bash", "-c", 'trap "" TERM; exec bash "$@"', "agentrl", "/tmp/runner"]
-            argv += ["20", "1000", tag, OUTPUT_DIR, uid, gid, RESULT_DIR, "echo hello"]
-            exec_id = api.exec_create(
-                sb.container_id, argv, user="root", environment={"AGENTRL_TRAILER": nonce}
-            )
-            started = asyncio.to_thread(api.exec_start, exec_id["Id"])
-            try:
-                return removed, nonce, await asyncio.wait_for(started, 15)
-            except TimeoutError:
-                return removed, nonce, b"the runner did not end"
+            await install_runner(sb, lambda lines: [line for line in lines if line not in wake_ups])
+            ignore_term = ("bash", "-c", 'trap "" TERM; exec bash "$@"', "agentrl")
+            return await run_runner(sb, "/tmp/runner", uuid.uuid4().hex, "echo hello", before=ignore_term)
 
-    removed, nonce, raw = run(go())
-    assert removed.strip() == "1", removed  # the runner's wake-up line (end_watchdog's)
-    assert raw == f"hello\n\n{nonce} 0 0 0 6 0\n".encode(), raw
+    assert run(go()) == f"hello\n\n{NONCE} 0 0 0 6 0\n".encode()
 
 
-async def run_runner(sb, runner: str, tag: str, cmd: str, wait_s: float = 15) -> bytes:
-    """Run a copy of the Docker runner at ``runner`` in ``sb`` as ``Sandbox.exec`` does; its raw output."""
+NONCE = "x"  # the trailer's secret for run_runner
+
+
+async def run_runner(
+    sb, runner: str, tag: str, cmd: str, wait_s: float = 15, before: tuple[str, ...] = ("bash",)
+) -> bytes:
+    """Run a copy of the Docker runner at ``runner`` in ``sb`` as ``Sandbox.exec`` does (with
+    ``before`` the runner's path in the arguments: the bash that runs it), a 20 s timeout; its raw
+    output (the trailer's secret is NONCE)."""
     from agentrl.sandboxes.docker import OUTPUT_DIR, RESULT_DIR
 
     uid, gid = await sb._user_ids(sb.config.user)
     api = sb._client.api
-    argv = ["bash", runner, "20.000", "1000", tag, OUTPUT_DIR, uid, gid, RESULT_DIR, cmd]
-    exec_id = api.exec_create(sb.container_id, argv, user="root", environment={"AGENTRL_TRAILER": "x"})
+    argv = [*before, runner, "20.000", "1000", tag, OUTPUT_DIR, uid, gid, RESULT_DIR, cmd]
+    exec_id = api.exec_create(sb.container_id, argv, user="root", environment={"AGENTRL_TRAILER": NONCE})
     try:
         return await asyncio.wait_for(asyncio.to_thread(api.exec_start, exec_id["Id"]), wait_s)
     except TimeoutError:
         return b"the runner did not end"
 
 
+# runners, processes of the agent, output files
 LEFT_BEHIND = 'pgrep -af "^bash /tmp/runner"; pgrep -u "$1" -a; ls /run/agentrl; true'
 
 

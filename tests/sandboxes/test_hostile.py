@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.sandbox import SandboxError, make_sandbox
+from agentrl.sandboxes.docker import OUTPUT_DIR, RESULT_DIR, RUNNER, RUNNER_PATH
 from tests.conftest import require_docker
 from tests.sandboxes.test_sandbox import SETTINGS, run, sandbox, still_running
 
@@ -114,8 +115,6 @@ def test_the_runner_ends_its_watchdog_though_its_signal_and_its_wake_up_are_lost
     runner is started with SIGTERM ignored (a bash script cannot trap or undo that) and without its
     wake-up line."""
     require_docker()
-    from agentrl.sandboxes.docker import RUNNER
-
     wake_ups = [line for line in RUNNER.split("\n") if line.endswith(">&4")]
     assert len(wake_ups) == 1, wake_ups  # the runner's wake-up line (end_watchdog's)
 
@@ -132,16 +131,20 @@ NONCE = "x"  # the trailer's secret for run_runner
 
 
 async def run_runner(
-    sb, runner: str, tag: str, cmd: str, wait_s: float = 15, before: tuple[str, ...] = ("bash",)
+    sb,
+    runner: str,
+    tag: str,
+    cmd: str,
+    wait_s: float = 15,
+    before: tuple[str, ...] = ("bash",),
+    cap: int = 1000,
 ) -> bytes:
     """Run a copy of the Docker runner at ``runner`` in ``sb`` as ``Sandbox.exec`` does (with
-    ``before`` the runner's path in the arguments: the bash that runs it), a 20 s timeout; its raw
-    output (the trailer's secret is NONCE)."""
-    from agentrl.sandboxes.docker import OUTPUT_DIR, RESULT_DIR
-
+    ``before`` the runner's path in the arguments: the bash that runs it), a 20 s timeout, an output
+    cap of ``cap`` bytes; its raw output (the trailer's secret is NONCE)."""
     uid, gid = await sb._user_ids(sb.config.user)
     api = sb._client.api
-    argv = [*before, runner, "20.000", "1000", tag, OUTPUT_DIR, uid, gid, RESULT_DIR, cmd]
+    argv = [*before, runner, "20.000", str(cap), tag, OUTPUT_DIR, uid, gid, RESULT_DIR, cmd]
     exec_id = api.exec_create(sb.container_id, argv, user="root", environment={"AGENTRL_TRAILER": NONCE})
     try:
         return await asyncio.wait_for(asyncio.to_thread(api.exec_start, exec_id["Id"]), wait_s)
@@ -150,13 +153,11 @@ async def run_runner(
 
 
 # runners, processes of the agent, output files
-LEFT_BEHIND = 'pgrep -af "^bash /tmp/runner"; pgrep -u "$1" -a; ls /run/agentrl; true'
+LEFT_BEHIND = f'pgrep -af "^bash /tmp/runner"; pgrep -u "$1" -a; ls {OUTPUT_DIR}; true'
 
 
 async def install_runner(sb, edit) -> None:
     """A copy of the Docker runner at /tmp/runner, its lines changed by ``edit(lines) -> lines``."""
-    from agentrl.sandboxes.docker import RUNNER
-
     await sb._call(sb._control, 'printf %s "$1" > /tmp/runner', "\n".join(edit(RUNNER.split("\n"))))
 
 
@@ -202,7 +203,6 @@ def test_a_cancel_that_comes_before_the_runner_starts_stops_it_when_it_does():
     """Under load the daemon can start a command's runner after the caller's cancel has looked for it:
     the cancel leaves a mark, and a runner that finds it runs nothing."""
     require_docker()
-    from agentrl.sandboxes.docker import RESULT_DIR, RUNNER_PATH
 
     async def go():
         async with sandbox("docker") as sb:
@@ -226,7 +226,6 @@ def test_results_and_cancel_marks_older_than_ten_minutes_are_swept_by_one_comman
     """The runner keeps each result (for a caller whose stream was lost) and a cancel leaves a mark;
     those older than 10 min are removed by the commands whose random tag starts with 00 to 07."""
     require_docker()
-    from agentrl.sandboxes.docker import RESULT_DIR, RUNNER_PATH
 
     async def go():
         async with sandbox("docker") as sb:
@@ -272,6 +271,46 @@ def test_a_watchdog_whose_runner_was_killed_ends():
             return (await sb._call(sb._control, 'pgrep -af "^bash /tmp/runner"; true'))[1]
 
     assert run(go()) == ""
+
+
+def test_the_runner_returns_the_output_byte_for_byte_with_or_without_cat():
+    """The runner prints a result of at most 16 KiB with bash's read and printf (cat's fork and exec
+    cost 1 ms), a longer one or one holding a NUL byte (where read stops) with cat. Every byte value
+    comes back unchanged on both sides of that line, under a UTF-8 locale too; and a runner whose cat
+    is taken away still returns the short ones."""
+    require_docker()
+    printable = bytes(range(1, 256)) * 65
+    outputs = {
+        "short": printable[:1020] + "\u00fcnic\u00f6de\n".encode(),
+        "at the line": printable[:16384],
+        "blank": b"\n\n  \n",
+        "empty": b"",
+        "a NUL byte": bytes(range(256)) * 4,
+        "above the line": printable[:16385],
+    }
+    utf8 = ("env", "LANG=C.UTF-8", "bash")
+
+    def no_cat(lines):
+        return [line.replace('exec cat "$res"', "exit 99") for line in lines]
+
+    async def go():
+        async with sandbox("docker") as sb:
+            await install_runner(sb, no_cat)
+            got = {}
+            for name, data in outputs.items():
+                await sb.write_file(f"{sb.workdir}/out", data)
+                cmd = f"cat {sb.workdir}/out"
+                got[name] = [
+                    await run_runner(sb, runner, uuid.uuid4().hex, cmd, before=utf8, cap=65536)
+                    for runner in (RUNNER_PATH, "/tmp/runner")
+                ]
+            return got
+
+    got = run(go())
+    for name, data in outputs.items():
+        expected = data + f"\n{NONCE} 0 0 0 {len(data)} 0\n".encode()
+        assert got[name][0] == expected, name
+        assert (got[name][1] == expected) == (name not in ("a NUL byte", "above the line")), name
 
 
 @pytest.mark.slow  # fills a 256 MiB tmpfs in a 1 GiB container: hard on a shared Docker daemon
@@ -442,10 +481,10 @@ def test_agent_cannot_write_the_runner_or_the_import_path(backend):
             user_site = await sb.exec("python3 -c 'import site; print(site.ENABLE_USER_SITE)'", timeout=20)
             assert user_site.output.strip() == "False"
             if backend == "docker":
-                r = await sb.exec("echo 'echo forged' > /.agentrl-runner; ls -ld /run/agentrl", timeout=10)
+                r = await sb.exec(f"echo 'echo forged' > {RUNNER_PATH}; ls -ld {OUTPUT_DIR}", timeout=10)
                 assert "Permission denied" in r.output
                 with pytest.raises(PermissionError, match="outside the workspace"):
-                    await sb.write_file("/.agentrl-runner", "echo forged\n")
+                    await sb.write_file(RUNNER_PATH, "echo forged\n")
                 assert (await sb.exec("echo genuine", timeout=10)).output == "genuine\n"
 
     run(go())

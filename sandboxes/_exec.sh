@@ -269,14 +269,18 @@ shown() {  # the output returned: its head and tail only when above CAP bytes
 # stat and cat took two: up to CAP + 1 bytes, so that a longer output shows as one, kept as its head
 # and tail. The size is that of the bytes kept, though a background process may write on.
 kept=0 size=
-if LC_ALL=C dd if="$out" of="$res" bs=64K iflag=count_bytes count=$((cap + 1)) 2> "$out.dd"; then
-    while read -r bytes word _; do [[ $word = byte* ]] && size=$bytes; done < "$out.dd"
-fi
-if [ -n "$size" ] && [ "$size" -le "$cap" ]; then
+LC_ALL=C dd if="$out" of="$res" bs=64K iflag=count_bytes count=$((cap + 1)) 2> "$out.dd"
+copied=$?
+while read -r bytes word _; do [[ $word = byte* ]] && size=$bytes; done < "$out.dd"
+if [ "$copied" = 0 ] && [ -n "$size" ] && [ "$size" -le "$cap" ]; then
     kept=1
 else
+    # Longer than CAP; or no room to keep it (dd counted its bytes, then failed: not tried again);
+    # or a dd that could not run (no count)
+    no_room=0
+    [ "$copied" != 0 ] && [ -n "$size" ] && no_room=1
     size=$(stat -c %s "$out" 2>/dev/null || echo 0)
-    shown > "$res" 2> /dev/null && kept=1
+    [ "$no_room" = 1 ] || { shown > "$res" 2> /dev/null && kept=1; }
 fi
 end_watchdog
 counters

@@ -313,6 +313,31 @@ def test_the_runner_returns_the_output_byte_for_byte_with_or_without_cat():
         assert (got[name][1] == expected) == (name not in ("a NUL byte", "above the line")), name
 
 
+def test_a_result_with_no_room_to_keep_is_printed_all_the_same():
+    """The runner keeps each result in RESULT_DIR for a caller whose stream was lost. Where there is no
+    room to keep it (a diff of hundreds of MiB), it prints the output all the same (its head and tail
+    when above CAP) and removes what it could not keep. No room, here: the result is /dev/full."""
+    require_docker()
+    short = "".join(f"{i}\n" for i in range(20))
+    long = "".join(f"{i}\n" for i in range(2000))
+
+    async def go():
+        async with sandbox("docker") as sb:
+            got = []
+            for text in (short, long):
+                tag = uuid.uuid4().hex
+                await sb._call(sb._control, f"ln -s /dev/full {RESULT_DIR}/{tag}.result")
+                raw = await run_runner(sb, RUNNER_PATH, tag, f"seq 0 {text.count(chr(10)) - 1}")
+                _, left = await sb._call(sb._control, f"ls {RESULT_DIR} {OUTPUT_DIR} | grep {tag}; true")
+                got.append((raw, left))
+            return got
+
+    (short_raw, short_left), (long_raw, long_left) = run(go())
+    assert short_raw == f"{short}\n{NONCE} 0 0 0 {len(short)} 0\n".encode()
+    assert long_raw == f"{long[:500]}{long[-500:]}\n{NONCE} 0 0 0 {len(long)} 0\n".encode()
+    assert short_left == long_left == ""
+
+
 @pytest.mark.slow  # fills a 256 MiB tmpfs in a 1 GiB container: hard on a shared Docker daemon
 def test_a_background_writer_costs_later_commands_neither_output_nor_exit_code():
     """A background writer that keeps the (deleted) output file of its command full: the next commands

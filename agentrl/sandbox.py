@@ -17,7 +17,6 @@ import binascii
 import contextlib
 import dataclasses
 import difflib
-import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -342,19 +341,6 @@ def build_config(config_cls: type, values: dict[str, Any], what: str) -> Any:
 KINDS = ("auto", "docker", "local")
 
 
-@functools.cache
-def docker_ready() -> bool:
-    """Whether a Docker engine answers and holds the base image (checked once per process)."""
-    try:
-        import docker
-
-        from agentrl.sandboxes.images import BASE_IMAGE, image_present
-
-        return image_present(docker.from_env(timeout=5), BASE_IMAGE)
-    except Exception:
-        return False
-
-
 class NoSandboxError(RuntimeError):
     """``auto`` found no backend that isolates agent commands here; the message says what to do."""
 
@@ -362,26 +348,25 @@ class NoSandboxError(RuntimeError):
 def resolve_kind(kind: str, prefer: str = "docker") -> str:
     """The sandbox backend for ``sandbox.kind``: ``docker`` or ``local`` as asked; ``auto``: Docker when
     an engine answers with the base image, else bubblewrap (``local``), tried in the other order with
-    ``prefer="local"``. With neither, ``NoSandboxError`` names how to get one, and the explicit
-    opt-in for running agent commands without isolation (the local backend's ``isolation: none``)."""
+    ``prefer="local"``; each backend class says whether it can run here (``usable()``). With neither,
+    ``NoSandboxError`` names how to get one, and the explicit opt-in for running agent commands
+    without isolation (the local backend's ``isolation: none``)."""
     if kind in ("docker", "local"):
         return kind
     if kind != "auto":
         close = difflib.get_close_matches(kind, KINDS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"sandbox kind must be one of {', '.join(KINDS)}; got {kind!r}.{hint}")
-    from agentrl.sandboxes.local import bwrap_works
-
-    bwrap, why = bwrap_works()
-    usable = {"docker": docker_ready, "local": lambda: bwrap}
+    missing = {}
     for name in ("local", "docker") if prefer == "local" else ("docker", "local"):
-        if usable[name]():
+        ok, missing[name] = load_backend(name).usable()
+        if ok:
             return name
     raise NoSandboxError(
-        "sandbox.kind=auto: no sandbox backend works here: no Docker engine with the base image answers "
-        f"(start one, then `agentrl sandbox build`) and bubblewrap cannot run ({why}). Install one "
-        "(`agentrl sandbox doctor` says how), or run agent commands without isolation, on this machine "
-        "as they are, by asking for it: sandbox.kind=local with the local backend's isolation: none"
+        f"sandbox.kind=auto: no sandbox backend works here: {missing['docker']} and {missing['local']}. "
+        "Install one (`agentrl sandbox doctor` says how), or run agent commands without isolation, on "
+        "this machine as they are, by asking for it: sandbox.kind=local with the local backend's "
+        "isolation: none"
     )
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -79,7 +80,7 @@ from agentrl.sandbox import (
     to_bytes,
 )
 from agentrl.sandboxes import _cleanup
-from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE
+from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE, image_present
 
 log = logging.getLogger(__name__)
 
@@ -383,10 +384,32 @@ def _runner_tar() -> bytes:
     return buf.getvalue()
 
 
+@functools.cache
+def _engine_ready() -> bool:
+    """Whether a Docker engine answers and holds the base image (checked once per process)."""
+    try:
+        import docker
+
+        return image_present(docker.from_env(timeout=5), BASE_IMAGE)
+    except Exception:
+        return False
+
+
 class DockerSandbox(AsyncStartClose):
     """One container; use as ``async with DockerSandbox(DockerConfig(...)) as sb``."""
 
     Config = DockerConfig
+
+    @staticmethod
+    def usable() -> tuple[bool, str]:
+        """Whether a Docker engine answers here with the base image; if not, what is missing."""
+        ok = _engine_ready()
+        return (
+            ok,
+            ""
+            if ok
+            else "no Docker engine with the base image answers (start one, then `agentrl sandbox build`)",
+        )
 
     def __init__(self, config: DockerConfig | None = None):
         self.config = config or DockerConfig()

@@ -385,6 +385,12 @@ class LocalSandbox(AsyncStartClose):
 
     Config = LocalConfig
 
+    @staticmethod
+    def usable() -> tuple[bool, str]:
+        """Whether this backend isolates commands here (bubblewrap runs); if not, what is missing."""
+        ok, why = bwrap_works()
+        return ok, "" if ok else f"bubblewrap cannot run ({why})"
+
     def __init__(self, config: LocalConfig | None = None):
         self.config = config or LocalConfig()
         self.workdir = ""

@@ -94,6 +94,49 @@ def test_rollout_and_envs_do_not_import_each_other():
     assert envs and offenders(envs, ("agentrl.rollout", "agentrl.trainer", "agentrl.cli")) == {}
 
 
+def package_modules() -> dict[str, Path]:
+    """Every module of the installed package, by name (envs/ and sandboxes/ install as agentrl.envs
+    and agentrl.sandboxes); a package by its ``__init__.py``."""
+    found = {}
+    for top, name in (("agentrl", "agentrl"), ("envs", "agentrl.envs"), ("sandboxes", "agentrl.sandboxes")):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT / top).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found[".".join((name, *parts))] = path
+    return found
+
+
+def test_no_modules_import_each_other_in_a_loop():
+    """A loop of imports (deferred ones inside functions too) means two files that cannot be read, or
+    changed, one without the other: what they share belongs in one of them or below both."""
+    modules = package_modules()
+    graph = {name: sorted(imported_modules(path) & modules.keys() - {name}) for name, path in modules.items()}
+    loops, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(node):  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert loops == []
+
+
 def test_algorithms_are_pure():
     algo = sorted((ROOT / "agentrl/algo").rglob("*.py"))
     allowed = ("agentrl.algo",)

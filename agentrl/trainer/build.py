@@ -60,15 +60,12 @@ class Run:
         return tasks, groups
 
     def save(self, iteration: int, record: dict[str, Any]) -> None:
-        from agentrl.trainer.report import line  # report imports this module
-
         if (iteration + 1) % self.cfg.run.checkpoint_every == 0 or iteration + 1 == self.cfg.run.iterations:
             # the iteration's record goes into the checkpoint too: a kill between the two writes
             # would otherwise leave a checkpoint past the last line of metrics.jsonl
             state = {"cursor": self.cursor.state(), "state": self.state, "record": record}
             self.checkpoints.save(iteration + 1, self.backend, state)
         self.metrics.log(record)
-        self.log(line(record))
 
 
 def loss_config(cfg: TrainConfig) -> LossConfig:

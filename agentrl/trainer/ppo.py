@@ -21,7 +21,7 @@ from agentrl.trainer.backend import Batch
 from agentrl.trainer.build import Run, loss_config, rollout_seed, setup
 from agentrl.trainer.evaluation import evaluate
 from agentrl.trainer.phases import advantages, check_collected, rollout_metrics, token_weights
-from agentrl.trainer.report import finish
+from agentrl.trainer.report import finish, line
 from agentrl.trainer.warm_start import warm_start
 from agentrl.trajectory import NOT_TRAINABLE
 
@@ -29,9 +29,8 @@ from agentrl.trajectory import NOT_TRAINABLE
 async def train(cfg: TrainConfig, log=print) -> dict:
     run: Run = await setup(cfg, log)
     if run.start == 0:
-        await warm_start(
-            run
-        )  # supervised, on demonstrations (sft.episodes) and stored successes (sft.from_store)
+        # supervised, on demonstrations (sft.episodes) and stored successes (sft.from_store)
+        await warm_start(run)
         run.state["eval_before"] = await evaluate(run)
     for it in range(run.start, cfg.run.iterations):
         t0 = time.monotonic()
@@ -83,6 +82,7 @@ async def train(cfg: TrainConfig, log=print) -> dict:
         if cfg.metrics.eval_every and (it + 1) % cfg.metrics.eval_every == 0:
             record |= await evaluate(run)
         run.save(it, record)
+        run.log(line(record))
     return await finish(run)
 
 

@@ -441,6 +441,37 @@ def test_unknown_backend_and_missing_image():
         make_sandbox("docker", pids=0)
 
 
+def test_auto_picks_docker_then_bubblewrap_then_stops_naming_the_opt_in(monkeypatch):
+    """``sandbox.kind: auto`` asks each backend class whether it can run here: Docker first (the other
+    order with ``prefer="local"``), and with neither it names what each lacks and the explicit opt-in
+    for commands without isolation."""
+    from agentrl.sandbox import NoSandboxError, resolve_kind
+    from agentrl.sandboxes import docker, local
+
+    def machine(engine: bool, bwrap: bool):
+        monkeypatch.setattr(docker, "_engine_ready", lambda: engine)
+        monkeypatch.setattr(local, "bwrap_works", lambda: (bwrap, "/usr/bin/bwrap" if bwrap else "no bwrap"))
+
+    picks = {}
+    for engine, bwrap in ((True, True), (True, False), (False, True)):
+        machine(engine, bwrap)
+        picks[engine, bwrap] = resolve_kind("auto"), resolve_kind("auto", prefer="local")
+    assert picks == {
+        (True, True): ("docker", "local"),
+        (True, False): ("docker", "docker"),
+        (False, True): ("local", "local"),
+    }
+    machine(False, False)
+    assert resolve_kind("docker") == "docker" and resolve_kind("local") == "local"  # as asked
+    with pytest.raises(NoSandboxError) as stopped:
+        resolve_kind("auto")
+    assert "no Docker engine with the base image answers" in str(stopped.value)
+    assert "bubblewrap cannot run (no bwrap)" in str(stopped.value)
+    assert "sandbox.kind=local with the local backend's isolation: none" in str(stopped.value)
+    with pytest.raises(ValueError, match="got 'dokcer'. Did you mean 'docker'"):
+        resolve_kind("dokcer")
+
+
 async def reused(pool, n: int, within: float = 120.0) -> None:
     """Wait until the pool has put ``n`` released sandboxes back after their reset."""
     deadline = asyncio.get_running_loop().time() + within

@@ -13,7 +13,8 @@
 #    start time, and one that keeps forking cannot slip past a signal sent to all at once. When
 #    the container's pids limit refuses a fork (a fork bomb), it stops and kills every process of
 #    UID, so that the sandbox can fork again; it wakes ten times a second with builtins only;
-#  - reads the cgroup's oom_kill and pids "max" counters before and after;
+#  - reads the cgroup's oom_kill and pids "max" counters before and after, and the pids one against
+#    where the last command left it (a fork bomb in the background can reach the limit in between);
 #  - keeps room for CMD's first CAP bytes (up to 1 MiB) of output. An output file is deleted when
 #    its command ends, but a background process may still write to it: where there is no room,
 #    such files are emptied first;
@@ -160,6 +161,17 @@ fi
 trap cancel TERM
 [ -e "$resdir/$tag.cancel" ] && { rm -f "$resdir/$tag.cancel"; exit 143; }
 counters; oom_before=$oom pids_before=$pids
+# A fork bomb left in the background can reach the pids limit between two commands: its processes
+# then sleep in bash's fork retries (1 s, 2 s, 4 s...), through the next quick commands, none of
+# which saw a fork refused. The counter as the last command left it tells (about one bomb in 30
+# was missed so on 2 busy cores): all of UID is killed before this command runs, and it reports it.
+bomb_before=0 seen=$pids
+[ -r "$resdir/pids.seen" ] && read -r seen < "$resdir/pids.seen"
+if [ "$pids" -gt "${seen:-$pids}" ]; then
+    bomb_before=1
+    reap all
+    counters; pids_before=$pids  # the forks the bomb's last processes tried as they were killed
+fi
 # The output file, writable by UID (see below; only its processes' descriptors reach it), and room
 # for the command's first output, which a background writer cannot take then (the command appends:
 # a redirection that truncates would give the room back). In one subshell: the command inherits the
@@ -284,12 +296,14 @@ else
 fi
 end_watchdog
 counters
-pids_exhausted=0
+pids_exhausted=$bomb_before
 if [ -e "$out.pids" ] || [ "$pids" -gt "$pids_before" ]; then
     pids_exhausted=1
     reap all
     [ "$timed_out" = 1 ] || rc=137
+    counters
 fi
+printf '%s\n' "$pids" > "$resdir/pids.seen"  # for the next command (see bomb_before)
 oom_killed=0
 [ "$oom" -gt "$oom_before" ] && oom_killed=1
 printf -v trailer '\n%s %d %d %d %d %d\n' "$nonce" "$rc" "$timed_out" "$oom_killed" "$size" "$pids_exhausted"

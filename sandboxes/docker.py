@@ -87,6 +87,7 @@ log = logging.getLogger(__name__)
 RUNNER = (Path(__file__).parent / "_exec.sh").read_text()
 OUTPUT_DIR = "/run/agentrl"  # a root-only tmpfs: the runner's output files, out of the agent's reach
 RESULT_DIR = "/run/agentrl-results"  # another: the results kept for a lost stream, which no output can fill
+PIDS_SEEN = f"{RESULT_DIR}/pids.seen"  # the runner's: the pids "max" counter as the last command left it
 RUNNER_PATH = "/.agentrl-runner"  # not under a tmpfs: the archive API cannot write into one
 WRITE_CHUNK = 48 * 2**10  # bytes per exec of a file write: base64 in one argument stays under 128 KiB
 FILE_OP_TIMEOUT = 60  # seconds; a file operation is a cat or a write, far quicker unless wedged
@@ -818,7 +819,8 @@ class DockerSandbox(AsyncStartClose):
         users = sorted({uid for uid, _ in self._ids.values() if uid != "0"})
         script = (
             'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -STOP -u "$u"; done; done; '
-            'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -KILL -u "$u"; done; done; true'
+            'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -KILL -u "$u"; done; done; '
+            f"rm -f {PIDS_SEEN}; true"  # this call reports the bomb: the next command need not
         )
         url = api._url("/containers/{0}/update", self.container_id)
         try:
@@ -996,6 +998,9 @@ class DockerSandbox(AsyncStartClose):
             code, output = await asyncio.wait_for(
                 self._call(self._control, script, self.workdir, self.base_commit, user=self.config.user), 120
             )
+            # the pids counter as the last command left it: a bomb of the last user, killed by the
+            # reset, is not reported to the next one
+            await asyncio.wait_for(self._call(self._control, f"rm -f {PIDS_SEEN}"), 30)
         except Exception:
             return False
         return code == 0 and output.split()[:2] == [self.base_commit, self._git_fingerprint]

@@ -258,6 +258,52 @@ def test_a_command_that_stops_itself_is_waited_for_until_it_ends():
     assert (r.exit_code, r.output, r.timed_out) == (3, "resumed\n", False), r
 
 
+FILL_TO_THE_LIMIT = (  # as the sandbox's user: fork until refused, then free 20 processes and leave
+    "import os, signal, time\n"
+    "kids = []\n"
+    "while True:\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        time.sleep(1500)\n"
+    "        os._exit(0)\n"
+    "    kids.append(pid)\n"
+    "for pid in kids[:20]:\n"
+    "    os.kill(pid, signal.SIGKILL)\n"
+    "    os.waitpid(pid, 0)\n"
+    "print(len(kids))\n"
+)
+
+
+def test_processes_that_reach_the_pids_limit_between_commands_are_killed_by_the_next():
+    """A fork bomb left in the background can reach the pids limit between two commands; its
+    processes then sleep in bash's fork retries, and the next quick commands saw no fork refused
+    (about one bomb in 30 on 2 busy cores). The next command kills them and reports it, once; after
+    a pool's reset, the next user's command reports nothing."""
+    require_docker()
+
+    async def go():
+        async with sandbox("docker") as sb:
+            fill = f"python3 -c '{FILL_TO_THE_LIMIT}'"
+            assert not (await sb.exec("true", timeout=10)).pids_exhausted
+            code, forked = await sb._call(sb._control, fill, user=sb.config.user)
+            assert code == 0 and int(forked) > 50, forked
+            first = await sb.exec("ps -e | wc -l", timeout=10)
+            second = await sb.exec("ps -e | wc -l", timeout=10)
+            await sb._call(sb._control, fill, user=sb.config.user)
+            reset = await sb.reset()
+            after_reset = await sb.exec("ps -e | wc -l", timeout=10)
+            return first, second, reset, after_reset
+
+    first, second, reset, after_reset = run(go())
+    assert first.pids_exhausted and "ran out of processes" in "\n".join(first.notes()), first
+    assert int(first.output) < 10, first  # killed before the command ran
+    assert not second.pids_exhausted and int(second.output) < 10, second
+    assert reset and not after_reset.pids_exhausted and int(after_reset.output) < 10, after_reset
+
+
 def test_a_watchdog_whose_runner_was_killed_ends():
     """A runner killed outright (SIGKILL, the OOM killer) cannot end its watchdog: left alone, at the
     command's deadline it would kill every process started since, later commands' included."""

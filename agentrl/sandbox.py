@@ -305,7 +305,9 @@ def register_backend(name: str, entry_point: str) -> None:
     """Register a sandbox backend class (``"module:Class"``) under ``name``.
 
     The class takes one argument, an instance of its ``Config`` class attribute (a dataclass
-    with a docstring per field), and satisfies the ``Sandbox`` protocol.
+    with a docstring per field), and satisfies the ``Sandbox`` protocol. A class registered as
+    ``docker`` or ``local``, the two that ``sandbox.kind: auto`` chooses from, also has a static
+    ``usable() -> (bool, str)``: whether it can run here, and if not what is missing.
     """
     _BACKENDS[name] = entry_point
 

@@ -404,13 +404,9 @@ class DockerSandbox(AsyncStartClose):
     @staticmethod
     def usable() -> tuple[bool, str]:
         """Whether a Docker engine answers here with the base image; if not, what is missing."""
-        ok = _engine_ready()
-        return (
-            ok,
-            ""
-            if ok
-            else "no Docker engine with the base image answers (start one, then `agentrl sandbox build`)",
-        )
+        if _engine_ready():
+            return True, ""
+        return False, "no Docker engine with the base image answers (start one, then `agentrl sandbox build`)"
 
     def __init__(self, config: DockerConfig | None = None):
         self.config = config or DockerConfig()

@@ -3,6 +3,7 @@ components chosen by registered names, and imports that run one way (the core kn
 environment; rollout/ and envs/ do not import each other; nothing below the trainer imports it)."""
 
 import ast
+import graphlib
 import re
 from pathlib import Path
 
@@ -110,31 +111,11 @@ def test_no_modules_import_each_other_in_a_loop():
     """A loop of imports (deferred ones inside functions too) means two files that cannot be read, or
     changed, one without the other: what they share belongs in one of them or below both."""
     modules = package_modules()
-    graph = {name: sorted(imported_modules(path) & modules.keys() - {name}) for name, path in modules.items()}
-    loops, index, low, stack, on_stack = [], {}, {}, [], set()
-
-    def visit(node):  # Tarjan's strongly connected components
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in graph[node]:
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while not component or component[-1] != node:
-                component.append(stack.pop())
-                on_stack.discard(component[-1])
-            if len(component) > 1:
-                loops.append(sorted(component))
-
-    for name in graph:
-        if name not in index:
-            visit(name)
-    assert loops == []
+    graph = {name: imported_modules(path) & modules.keys() - {name} for name, path in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        pytest.fail(f"modules that import each other in a loop: {' -> '.join(e.args[1])}")
 
 
 def test_algorithms_are_pure():

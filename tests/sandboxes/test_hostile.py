@@ -122,7 +122,7 @@ def test_the_runner_ends_its_watchdog_though_its_signal_and_its_wake_up_are_lost
         async with sandbox("docker") as sb:
             await install_runner(sb, lambda lines: [line for line in lines if line not in wake_ups])
             ignore_term = ("bash", "-c", 'trap "" TERM; exec bash "$@"', "agentrl")
-            return await run_runner(sb, "/tmp/runner", uuid.uuid4().hex, "echo hello", before=ignore_term)
+            return await run_runner(sb, COPY, uuid.uuid4().hex, "echo hello", before=ignore_term)
 
     assert run(go()) == f"hello\n\n{NONCE} 0 0 0 6 0\n".encode()
 
@@ -152,13 +152,15 @@ async def run_runner(
         return b"the runner did not end"
 
 
+COPY = "/tmp/runner"  # where install_runner puts its copy of the runner
+
 # runners, processes of the agent, output files
-LEFT_BEHIND = f'pgrep -af "^bash /tmp/runner"; pgrep -u "$1" -a; ls {OUTPUT_DIR}; true'
+LEFT_BEHIND = f'pgrep -af "^bash {COPY}"; pgrep -u "$1" -a; ls {OUTPUT_DIR}; true'
 
 
 async def install_runner(sb, edit) -> None:
-    """A copy of the Docker runner at /tmp/runner, its lines changed by ``edit(lines) -> lines``."""
-    await sb._call(sb._control, 'printf %s "$1" > /tmp/runner', "\n".join(edit(RUNNER.split("\n"))))
+    """A copy of the Docker runner at COPY, its lines changed by ``edit(lines) -> lines``."""
+    await sb._call(sb._control, f'printf %s "$1" > {COPY}', "\n".join(edit(RUNNER.split("\n"))))
 
 
 def insert(lines: list[str], at: str, offset: int, new: str) -> list[str]:
@@ -189,7 +191,7 @@ def test_a_cancel_that_lands_while_the_runner_starts_leaves_nothing(where):
     async def go():
         async with sandbox("docker") as sb:
             await install_runner(sb, edit)
-            raw = await run_runner(sb, "/tmp/runner", uuid.uuid4().hex, "sleep 1411 & sleep 1412")
+            raw = await run_runner(sb, COPY, uuid.uuid4().hex, "sleep 1411 & sleep 1412")
             await asyncio.sleep(1.0)
             uid, _ = await sb._user_ids(sb.config.user)
             return raw, (await sb._call(sb._control, LEFT_BEHIND, uid))[1]
@@ -312,9 +314,9 @@ def test_a_watchdog_whose_runner_was_killed_ends():
     async def go():
         async with sandbox("docker") as sb:
             await install_runner(sb, lambda lines: insert(lines, "pid=$!", 1, "kill -KILL $$"))
-            await run_runner(sb, "/tmp/runner", uuid.uuid4().hex, "sleep 1431")
+            await run_runner(sb, COPY, uuid.uuid4().hex, "sleep 1431")
             await asyncio.sleep(1.0)
-            return (await sb._call(sb._control, 'pgrep -af "^bash /tmp/runner"; true'))[1]
+            return (await sb._call(sb._control, f'pgrep -af "^bash {COPY}"; true'))[1]
 
     assert run(go()) == ""
 
@@ -348,7 +350,7 @@ def test_the_runner_returns_the_output_byte_for_byte_with_or_without_cat():
                 cmd = f"cat {sb.workdir}/out"
                 got[name] = [
                     await run_runner(sb, runner, uuid.uuid4().hex, cmd, before=utf8, cap=65536)
-                    for runner in (RUNNER_PATH, "/tmp/runner")
+                    for runner in (RUNNER_PATH, COPY)
                 ]
             return got
 

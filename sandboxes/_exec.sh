@@ -1,5 +1,5 @@
 # agentrl command runner, run by bash as root inside a Docker sandbox:
-#     AGENTRL_TRAILER=SECRET bash RUNNER TIMEOUT CAP TAG OUTDIR UID GID RESULTDIR CMD [CMD ...]
+#     AGENTRL_TRAILER=SECRET bash RUNNER TIMEOUT CAP TAG OUTDIR UID GID RESULTDIR FRESH CMD [CMD ...]
 #
 # Why a runner: a plain exec of CMD has no timeout, stalls while any background process it
 # started holds its output stream, and cannot tell an OOM kill or a fork bomb from a normal exit.
@@ -14,7 +14,8 @@
 #    the container's pids limit refuses a fork (a fork bomb), it stops and kills every process of
 #    UID, so that the sandbox can fork again; it wakes ten times a second with builtins only;
 #  - reads the cgroup's oom_kill and pids "max" counters before and after, and the pids one against
-#    where the last command left it (a fork bomb in the background can reach the limit in between);
+#    where the last command left it (a fork bomb in the background can reach the limit in between),
+#    unless FRESH is 1: the caller has killed the user's processes since (a reset, a recovery);
 #  - keeps room for CMD's first CAP bytes (up to 1 MiB) of output. An output file is deleted when
 #    its command ends, but a background process may still write to it: where there is no room,
 #    such files are emptied first;
@@ -25,11 +26,11 @@
 #    SECRET comes in the environment, which CMD does not inherit and, as another user, cannot read
 #    from /proc (the arguments, TAG included, it can): so CMD cannot print a trailer of its own that
 #    the caller would take for the runner's when the real one is lost.
-timeout_s=$1 cap=$2 tag=$3 outdir=$4 uid=$5 gid=$6 resdir=$7
+timeout_s=$1 cap=$2 tag=$3 outdir=$4 uid=$5 gid=$6 resdir=$7 fresh=$8
 nonce=$AGENTRL_TRAILER
 unset AGENTRL_TRAILER
 # A long CMD comes in pieces (one argument of a program holds at most 128 KiB, MAX_ARG_STRLEN)
-shift 7
+shift 8
 pieces=$#
 printf -v cmd %s "$@"
 out="$outdir/$tag" res="$resdir/$tag.result"
@@ -166,7 +167,7 @@ counters; oom_before=$oom pids_before=$pids
 # which saw a fork refused. The counter as the last command left it tells (about one bomb in 30
 # was missed so on 2 busy cores): all of UID is killed before this command runs, and it reports it.
 bomb_before=0 seen=$pids
-[ -r "$resdir/pids.seen" ] && read -r seen < "$resdir/pids.seen"
+[ "$fresh" != 1 ] && [ -r "$resdir/pids.seen" ] && read -r seen < "$resdir/pids.seen"
 if [ "$pids" -gt "${seen:-$pids}" ]; then
     bomb_before=1
     reap all

@@ -87,7 +87,6 @@ log = logging.getLogger(__name__)
 RUNNER = (Path(__file__).parent / "_exec.sh").read_text()
 OUTPUT_DIR = "/run/agentrl"  # a root-only tmpfs: the runner's output files, out of the agent's reach
 RESULT_DIR = "/run/agentrl-results"  # another: the results kept for a lost stream, which no output can fill
-PIDS_SEEN = f"{RESULT_DIR}/pids.seen"  # the runner's: the pids "max" counter as the last command left it
 RUNNER_PATH = "/.agentrl-runner"  # not under a tmpfs: the archive API cannot write into one
 WRITE_CHUNK = 48 * 2**10  # bytes per exec of a file write: base64 in one argument stays under 128 KiB
 FILE_OP_TIMEOUT = 60  # seconds; a file operation is a cat or a write, far quicker unless wedged
@@ -418,6 +417,9 @@ class DockerSandbox(AsyncStartClose):
         self._dead = False
         self._closed = False
         self._ids: dict[str, tuple[str, str]] = {}  # user name -> (uid, gid) in the image
+        # the user's processes were all killed since the last command (a reset, a recovery): the
+        # next runner does not compare the pids counter with where the last command left it
+        self._pids_fresh = False
         self.disk_limit_enforced = False
 
     # -- plumbing --
@@ -673,6 +675,7 @@ class DockerSandbox(AsyncStartClose):
         uid, gid = await self._user_ids(user or self.config.user)
         # a long command in pieces of one argument each; the runner joins them
         pieces = [cmd[i : i + ARGUMENT_CHARS] for i in range(0, len(cmd), ARGUMENT_CHARS)] or [""]
+        fresh = self._pids_fresh
         argv = [
             "bash",
             RUNNER_PATH,
@@ -683,6 +686,7 @@ class DockerSandbox(AsyncStartClose):
             uid,
             gid,
             RESULT_DIR,
+            "1" if fresh else "0",
             *pieces,
         ]
         workdir = self._inside(cwd) if cwd else self.workdir
@@ -713,6 +717,8 @@ class DockerSandbox(AsyncStartClose):
             raise
         except Exception as e:
             return await self._failed_to_start(e, start)
+        if fresh:  # the runner has run: it left the counter for the next one
+            self._pids_fresh = False
         if raw.rfind(b"\n" + nonce.encode() + b" ") < 0 and await self.alive():
             raw = await self._call(self._recover_output, tag, nonce) or raw
         return await self._parse(raw, nonce, cap, exec_id["Id"], start)
@@ -815,13 +821,13 @@ class DockerSandbox(AsyncStartClose):
         users = sorted({uid for uid, _ in self._ids.values() if uid != "0"})
         script = (
             'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -STOP -u "$u"; done; done; '
-            'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -KILL -u "$u"; done; done; '
-            f"rm -f {PIDS_SEEN}; true"  # this call reports the bomb: the next command need not
+            'for i in 1 2 3 4 5 6 7 8; do for u in "$@"; do pkill -KILL -u "$u"; done; done; true'
         )
         url = api._url("/containers/{0}/update", self.container_id)
         try:
             api._raise_for_status(api._post_json(url, data={"PidsLimit": limit + 64}))
             self._control(script, *users)
+            self._pids_fresh = True  # this call reports the bomb: the next command need not
         except Exception as e:
             log.warning("sandbox %s: could not recover from its fork bomb: %s", self.container_id[:12], e)
             self._kill_wedged()
@@ -994,11 +1000,10 @@ class DockerSandbox(AsyncStartClose):
             code, output = await asyncio.wait_for(
                 self._call(self._control, script, self.workdir, self.base_commit, user=self.config.user), 120
             )
-            # the pids counter as the last command left it: a bomb of the last user, killed by the
-            # reset, is not reported to the next one
-            await asyncio.wait_for(self._call(self._control, f"rm -f {PIDS_SEEN}"), 30)
         except Exception:
             return False
+        # a bomb of the last user, killed by the reset, is not reported to the next one
+        self._pids_fresh = True
         return code == 0 and output.split()[:2] == [self.base_commit, self._git_fingerprint]
 
 

@@ -144,7 +144,7 @@ async def run_runner(
     cap of ``cap`` bytes; its raw output (the trailer's secret is NONCE)."""
     uid, gid = await sb._user_ids(sb.config.user)
     api = sb._client.api
-    argv = [*before, runner, "20.000", str(cap), tag, OUTPUT_DIR, uid, gid, RESULT_DIR, cmd]
+    argv = [*before, runner, "20.000", str(cap), tag, OUTPUT_DIR, uid, gid, RESULT_DIR, "0", cmd]
     exec_id = api.exec_create(sb.container_id, argv, user="root", environment={"AGENTRL_TRAILER": NONCE})
     try:
         return await asyncio.wait_for(asyncio.to_thread(api.exec_start, exec_id["Id"]), wait_s)

@@ -31,7 +31,8 @@ import torch
 
 from agentrl.algo import token_logprobs
 from agentrl.trainer.backend import Batch, LossConfig
-from agentrl.trainer.torch_backend import TorchBackend, bucket, resolve_attention
+from agentrl.trainer.torch_backend import TorchBackend, resolve_attention
+from agentrl.trainer.updates import bucket
 from agentrl.trajectory import Trajectory, TurnSpan
 
 QWEN2_05B = dict(

@@ -34,7 +34,7 @@ def saved_bytes(backend: MegatronBackend, batch) -> int:
         total += t.numel() * t.element_size()
         return t
 
-    from agentrl.trainer.torch_backend import pack
+    from agentrl.trainer.updates import pack
 
     for rows in pack(batch.lengths.tolist(), list(range(batch.size)), backend.budget):
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):

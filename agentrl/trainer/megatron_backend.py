@@ -41,19 +41,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from agentrl.trainer.backend import (
-    Batch,
-    LossConfig,
-    PartMetrics,
-    actor_agg,
-    actor_objective,
-    critic_objective,
-)
+from agentrl.trainer.backend import Batch, PartMetrics
 from agentrl.trainer.megatron_convert import build_gpt, from_stages, hf_to_megatron, megatron_to_hf, to_stage
 from agentrl.trainer.megatron_logprobs import vocab_parallel_logprobs
 from agentrl.trainer.megatron_optim import DistributedAdam
 from agentrl.trainer.megatron_parallel import collective, init_parallel
-from agentrl.trainer.torch_backend import _live, _mean, _needs_critic, lr_schedule, pack
+from agentrl.trainer.updates import Updates, backend_settings, live_rows, lr_schedule, pack, scatter
 
 
 class HiddenOut(nn.Module):
@@ -96,7 +89,7 @@ def _grad(p: Tensor) -> Tensor:
     return p.grad
 
 
-class MegatronBackend:
+class MegatronBackend(Updates):
     def __init__(
         self,
         policy: nn.Module,
@@ -314,15 +307,6 @@ class MegatronBackend:
             return None
         return out[0][torch.cat(src).to(self.device)]
 
-    def _scatter(self, flat: Tensor, batch: Batch, rows: list[int]) -> Tensor:
-        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=flat.device, dtype=flat.dtype)
-        at = 0
-        for k, r in enumerate(rows):
-            n = int(batch.lengths[r])
-            out[k, 1:n] = flat[at : at + n - 1]
-            at += n - 1
-        return out
-
     def _output_weight(self, model: nn.Module) -> Tensor:
         if model.share_embeddings_and_output_weights:
             return model.embedding.word_embeddings.weight
@@ -345,18 +329,18 @@ class MegatronBackend:
             tf32=self.autocast,  # bf16 autocast runs on CUDA only
         )
         if entropy:
-            return self._scatter(out[0], batch, rows), self._scatter(out[1], batch, rows)
-        return self._scatter(out, batch, rows)
+            return scatter(out[0], batch, rows), scatter(out[1], batch, rows)
+        return scatter(out, batch, rows)
 
     def _row_values(self, batch: Batch, rows: list[int]) -> Tensor | None:
         hidden = self._hidden(self.critic, batch, rows)
-        return None if hidden is None else self._scatter(hidden.squeeze(-1).float(), batch, rows)
+        return None if hidden is None else scatter(hidden.squeeze(-1).float(), batch, rows)
 
     @torch.no_grad()
     def _all(self, fn, batch: Batch) -> Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         # a row with no trainable token is not run: 0
-        for rows in pack(batch.lengths.tolist(), _live(batch), self.budget):
+        for rows in pack(batch.lengths.tolist(), live_rows(batch), self.budget):
             got = fn(rows)
             if got is not None:
                 out[rows] = got.cpu()
@@ -366,29 +350,7 @@ class MegatronBackend:
             out = on_device.cpu()
         return out
 
-    @collective
-    def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
-        return self._all(lambda rows: self._row_logprobs(self.policy, batch, rows, temperature), batch)
-
-    @collective
-    def ref_logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
-        if self.reference is None:
-            raise RuntimeError(
-                "this backend was built without a reference model (reference=True for a KL term)"
-            )
-        return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
-
-    @collective
-    def values(self, batch: Batch) -> Tensor:
-        _needs_critic(self)
-        return self._all(lambda rows: self._row_values(batch, rows), batch)
-
-    # -- updates --
-    def _minibatches(self, batch: Batch, minibatches: int) -> list[list[int]]:
-        order = torch.randperm(batch.size, generator=self.generator).tolist()
-        n = max(1, min(minibatches, batch.size))
-        return [order[i::n] for i in range(n)]
-
+    # -- updates (what Updates' train_* calls) --
     def _grad_norm_and_clip(self, params: list[Tensor]) -> float:
         """The global gradient norm (tensor-parallel shards summed over the group, replicated weights
         counted once), then every gradient scaled as ``torch.nn.utils.clip_grad_norm_`` does."""
@@ -479,75 +441,22 @@ class MegatronBackend:
         for state in gathered:
             parts.merge(state)
 
-    def _share(self, batch: Batch, agg: str):
-        if agg == "token-mean":
-            return lambda rows: int(batch.loss_mask[rows].sum())
-        return lambda rows: int((batch.loss_mask[rows].sum(1) > 0).sum())
-
-    @collective
-    def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
-        def loss_fn(micro: list[int]):
-            out = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
-            if out is None:  # not the last pipeline stage
-                return None
-            return actor_objective(*out, batch.rows(micro), loss, self.device)
-
-        history = self._step(
-            self.actor_opt,
-            self.actor_sched,
-            batch,
-            loss_fn,
-            self._share(batch, actor_agg(loss)),
-            self.epochs,
-            self.minibatches,
-        )
-        lr = self.actor_opt.last_lr() if self.sharded else self.actor_sched.get_last_lr()[0]
-        return _mean(history, prefix="actor/") | {"actor/lr": lr}
-
-    @collective
-    def train_critic(
-        self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
-    ) -> dict[str, float]:
-        _needs_critic(self)
-        device = self.device
-
-        def loss_fn(micro: list[int]):
-            v = self._row_values(batch, micro)
-            return None if v is None else critic_objective(v, batch.rows(micro), loss, device)
-
-        history = self._step(
-            self.critic_opt,
-            self.critic_sched,
-            batch,
-            loss_fn,
-            self._share(batch, "token-mean"),
-            self.critic_epochs if epochs is None else epochs,
-            self.minibatches if minibatches is None else minibatches,
-        )
-        return _mean(history, prefix="critic/")
-
-    @collective
-    def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
+    def _sft_optimizer(self, lr: float):
         if self.sharded:  # over the actor's gradient buffers: a model is wrapped once
-            opt, sched = self.actor_opt.another(lr=lr, weight_decay=0.01, eps=1e-8), None
-        else:  # torch AdamW's defaults
-            opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
-            sched = lr_schedule(opt, 0, "constant", 1)
-        losses = []
+            return self.actor_opt.another(lr=lr, weight_decay=0.01, eps=1e-8), None
+        opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)  # torch AdamW's defaults
+        return opt, lr_schedule(opt, 0, "constant", 1)
 
-        def loss_fn(micro: list[int]):
-            logp = self._row_logprobs(self.policy, batch, micro, 1.0)
-            if logp is None:
-                return None
-            mask = batch.loss_mask[micro].to(self.device)
-            value = -(logp * mask).sum() / mask.sum().clamp(min=1)
-            return value, {"sft_loss": float(value.detach())}
+    def _actor_lr(self) -> float:
+        return self.actor_opt.last_lr() if self.sharded else self.actor_sched.get_last_lr()[0]
 
-        steps = max(1, batch.size // batch_size)
-        for _ in range(epochs):
-            history = self._step(opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1, steps)
-            losses.append(_mean(history)["sft_loss"])
-        return losses
+    # the calls both backends share, made by every rank (rank 0 sends each to the others first)
+    logprobs = collective(Updates.logprobs)
+    ref_logprobs = collective(Updates.ref_logprobs)
+    values = collective(Updates.values)
+    train_actor = collective(Updates.train_actor)
+    train_critic = collective(Updates.train_critic)
+    train_sft = collective(Updates.train_sft)
 
     # -- weights and checkpoints --
     def _gather_shards(self, model: nn.Module) -> list[dict[str, Tensor]]:
@@ -631,29 +540,14 @@ def from_config(policy: nn.Module, cfg) -> MegatronBackend:
     (``optim``, ``algo.kl_coef``); fp32 on CPU."""
     from agentrl.device import resolve_dtype
 
-    o, m = cfg.optim, cfg.trainer.megatron
+    m = cfg.trainer.megatron
     return MegatronBackend(
         policy,
+        **backend_settings(cfg),
         tp=m.tp,
         pp=m.pp,
         dp=m.dp,
-        actor_lr=o.actor_lr,
-        critic_lr=o.critic_lr,
-        weight_decay=o.weight_decay,
-        adam_eps=o.adam_eps,
-        warmup_steps=o.warmup_steps,
-        schedule=o.schedule,
-        total_steps=cfg.run.iterations * o.epochs * o.minibatches,
-        grad_clip=o.grad_clip,
-        epochs=o.epochs,
-        critic_epochs=o.critic_epochs,
-        minibatches=o.minibatches,
-        micro_token_budget=o.micro_token_budget,
-        logprob_chunk=o.logprob_chunk,
         dtype=resolve_dtype(cfg.model.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
-        reference=cfg.algo.kl_coef > 0,
-        critic=cfg.algo.critic,
-        seed=cfg.run.seed,
         driven=True,
         recompute=m.recompute,
         distributed_optimizer=m.distributed_optimizer,

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.trainer.megatron_cpu import optimizer_calls
-from agentrl.trainer.torch_backend import lr_schedule
+from agentrl.trainer.updates import lr_schedule
 
 
 class DistributedAdam:

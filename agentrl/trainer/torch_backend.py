@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import math
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.algo import token_logprobs
-from agentrl.trainer.backend import (
-    Batch,
-    LossConfig,
-    PartMetrics,
-    actor_agg,
-    actor_objective,
-    critic_objective,
-)
+from agentrl.trainer.backend import Batch, PartMetrics
+from agentrl.trainer.updates import Updates, backend_settings, bucket, live_rows, lr_schedule, pack, scatter
 
 
 def _backbone(model: nn.Module) -> nn.Module:
@@ -65,48 +58,6 @@ class ValueModel(nn.Module):
     def forward(self, **kwargs) -> Tensor:
         hidden = self.backbone(**kwargs).last_hidden_state
         return self.head(hidden).squeeze(-1)
-
-
-def bucket(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
-    """Group ``rows`` of similar length: sorted longest first, each group padded to its first row's length
-    holds at most ``budget`` tokens, padding included (a longer row goes alone)."""
-    groups: list[list[int]] = []
-    for r in sorted(rows, key=lambda r: -lengths[r]):
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
-    return groups
-
-
-def pack(lengths: list[int], rows: list[int], budget: int) -> list[list[int]]:
-    """Group ``rows`` (longest first) into micro-batches of at most ``budget`` tokens (a longer row goes alone)."""
-    groups: list[list[int]] = []
-    sizes: list[int] = []
-    for r in sorted(rows, key=lambda r: -lengths[r]):
-        for g, used in enumerate(sizes):
-            if used + lengths[r] <= budget:
-                groups[g].append(r)
-                sizes[g] += lengths[r]
-                break
-        else:
-            groups.append([r])
-            sizes.append(lengths[r])
-    return groups
-
-
-def lr_schedule(opt, warmup: int, kind: str, total: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over ``warmup`` steps, then constant or cosine to 0 at ``total`` steps."""
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if kind == "cosine":
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def _padded_inputs(batch: Batch, rows: list[int], device) -> dict[str, Tensor]:
@@ -233,7 +184,7 @@ def _packed_inputs(
     return kwargs, spans
 
 
-class TorchBackend:
+class TorchBackend(Updates):
     def __init__(
         self,
         policy: nn.Module,
@@ -283,7 +234,7 @@ class TorchBackend:
         self.actor_opt = torch.optim.AdamW(
             policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
         )
-        self.actor_sched = self._schedule(self.actor_opt, warmup_steps, schedule, total_steps)
+        self.actor_sched = lr_schedule(self.actor_opt, warmup_steps, schedule, total_steps)
         # the critic takes critic_epochs / epochs as many steps: its schedule spans them all
         critic_total = max(1, total_steps * self.critic_epochs // epochs)
         self._critic_args = (critic_lr, weight_decay, adam_eps, warmup_steps, schedule, critic_total)
@@ -295,7 +246,7 @@ class TorchBackend:
         self.critic_opt = torch.optim.AdamW(
             self.critic.parameters(), lr=lr, weight_decay=weight_decay, eps=eps
         )
-        self.critic_sched = self._schedule(self.critic_opt, warmup_steps, schedule, total_steps)
+        self.critic_sched = lr_schedule(self.critic_opt, warmup_steps, schedule, total_steps)
 
     def reset_critic(self) -> None:
         """A fresh value model (and optimizer) from the policy as it is now: after a supervised warm
@@ -309,10 +260,6 @@ class TorchBackend:
         KL anchors to the warm-started weights, not to the ones the run was built from."""
         if self.reference is not None:
             self.reference = _frozen_copy(self.policy)
-
-    @staticmethod
-    def _schedule(opt, warmup: int, kind: str, total: int):
-        return lr_schedule(opt, warmup, kind, total)
 
     def _ctx(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
@@ -335,16 +282,6 @@ class TorchBackend:
             h = backbone(**_padded_inputs(batch, rows, self.device)).last_hidden_state
             return torch.cat([h[k, : n - 1] for k, n in enumerate(lengths)])
 
-    def _scatter(self, flat: Tensor, batch: Batch, rows: list[int]) -> Tensor:
-        """``[sum(len - 1)]`` per-token values -> ``[len(rows), T]`` with column 0 left at 0."""
-        out = torch.zeros((len(rows), batch.input_ids.shape[1]), device=self.device, dtype=flat.dtype)
-        at = 0
-        for k, r in enumerate(rows):
-            n = int(batch.lengths[r])
-            out[k, 1:n] = flat[at : at + n - 1]
-            at += n - 1
-        return out
-
     def _row_logprobs(
         self, model: nn.Module, batch: Batch, rows: list[int], temperature: float, entropy: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -357,14 +294,14 @@ class TorchBackend:
             hidden.float(), weight.float(), targets, temperature, self.chunk, entropy, tf32=self.tf32
         )
         if entropy:
-            return self._scatter(out[0], batch, rows), self._scatter(out[1].detach(), batch, rows)
-        return self._scatter(out, batch, rows)
+            return scatter(out[0], batch, rows), scatter(out[1].detach(), batch, rows)
+        return scatter(out, batch, rows)
 
     def _row_values(self, batch: Batch, rows: list[int]) -> Tensor:
         hidden = self._hidden(self.critic.backbone, batch, rows)
         with self._ctx():
             values = self.critic.head(hidden).squeeze(-1).float()
-        return self._scatter(values, batch, rows)
+        return scatter(values, batch, rows)
 
     @torch.no_grad()
     def _all(self, fn, batch: Batch) -> Tensor:
@@ -372,32 +309,13 @@ class TorchBackend:
         (nothing reads its log-probs or values: it is not run, however long its prompt)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         lengths = batch.lengths.tolist()
-        for rows in self._group(lengths, _live(batch), self.budget):
+        for rows in self._group(lengths, live_rows(batch), self.budget):
             out[rows] = fn(rows).cpu()
         return out
 
-    def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
-        return self._all(lambda rows: self._row_logprobs(self.policy, batch, rows, temperature), batch)
-
-    def ref_logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
-        if self.reference is None:
-            raise RuntimeError(
-                "this backend was built without a reference model (reference=True for a KL term)"
-            )
-        return self._all(lambda rows: self._row_logprobs(self.reference, batch, rows, temperature), batch)
-
-    def values(self, batch: Batch) -> Tensor:
-        _needs_critic(self)
-        return self._all(lambda rows: self._row_values(batch, rows), batch)
-
-    # -- updates --
-    def _minibatches(self, batch: Batch, minibatches: int) -> list[list[int]]:
-        order = torch.randperm(batch.size, generator=self.generator).tolist()
-        n = max(1, min(minibatches, batch.size))
-        return [order[i::n] for i in range(n)]
-
+    # -- updates (what Updates' train_* calls) --
     def _step(
-        self, model, opt, sched, batch: Batch, loss_fn, share_fn, epochs: int, minibatches: int
+        self, opt, sched, batch: Batch, loss_fn, share_fn, epochs: int, minibatches: int
     ) -> list[dict[str, float]]:
         """``epochs`` passes over the batch, ``minibatches`` optimizer steps each."""
         history = []
@@ -425,71 +343,12 @@ class TorchBackend:
                 history.append(metrics)
         return history
 
-    def _share(self, batch: Batch, agg: str):
-        if agg == "token-mean":
-            return lambda rows: int(batch.loss_mask[rows].sum())
-        return lambda rows: int((batch.loss_mask[rows].sum(1) > 0).sum())
-
-    def train_actor(self, batch: Batch, loss: LossConfig) -> dict[str, float]:
-        def loss_fn(micro: list[int]):
-            logp, entropy = self._row_logprobs(self.policy, batch, micro, loss.temperature, entropy=True)
-            return actor_objective(logp, entropy, batch.rows(micro), loss, self.device)
-
-        history = self._step(
-            self.policy,
-            self.actor_opt,
-            self.actor_sched,
-            batch,
-            loss_fn,
-            self._share(batch, actor_agg(loss)),
-            self.epochs,
-            self.minibatches,
-        )
-        return _mean(history, prefix="actor/") | {"actor/lr": self.actor_sched.get_last_lr()[0]}
-
-    def train_critic(
-        self, batch: Batch, loss: LossConfig, *, epochs: int | None = None, minibatches: int | None = None
-    ) -> dict[str, float]:
-        """Value regression on the batch: ``epochs`` passes (default: the backend's ``critic_epochs``) of
-        ``minibatches`` optimizer steps each (default: the backend's)."""
-        _needs_critic(self)
-        device = self.device
-
-        def loss_fn(micro: list[int]):
-            return critic_objective(self._row_values(batch, micro), batch.rows(micro), loss, device)
-
-        history = self._step(
-            self.critic,
-            self.critic_opt,
-            self.critic_sched,
-            batch,
-            loss_fn,
-            self._share(batch, "token-mean"),
-            self.critic_epochs if epochs is None else epochs,
-            self.minibatches if minibatches is None else minibatches,
-        )
-        return _mean(history, prefix="critic/")
-
-    def train_sft(self, batch: Batch, *, epochs: int, lr: float, batch_size: int = 8) -> list[float]:
-        """Supervised warm start: maximise the log-likelihood of the sampled tokens, ``batch_size``
-        episodes per optimizer step. Returns the mean loss of each epoch."""
+    def _sft_optimizer(self, lr: float):
         opt = torch.optim.AdamW(self.policy.parameters(), lr=lr)
-        sched = self._schedule(opt, 0, "constant", 1)
-        losses = []
+        return opt, lr_schedule(opt, 0, "constant", 1)
 
-        def loss_fn(micro: list[int]):
-            logp = self._row_logprobs(self.policy, batch, micro, 1.0)
-            mask = batch.loss_mask[micro].to(self.device)
-            value = -(logp * mask).sum() / mask.sum().clamp(min=1)
-            return value, {"sft_loss": float(value.detach())}
-
-        steps = max(1, batch.size // batch_size)
-        for _ in range(epochs):
-            history = self._step(
-                self.policy, opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1, steps
-            )
-            losses.append(_mean(history)["sft_loss"])
-        return losses
+    def _actor_lr(self) -> float:
+        return self.actor_sched.get_last_lr()[0]
 
     # -- weights and checkpoints --
     def engine_state_dict(self) -> dict[str, Any]:
@@ -526,49 +385,15 @@ class TorchBackend:
             self.reference.load_state_dict(state["reference"])
 
 
-def _live(batch: Batch) -> list[int]:
-    """The rows with a trainable token."""
-    return [r for r, any_ in enumerate(batch.loss_mask.any(1).tolist()) if any_]
-
-
-def _needs_critic(backend) -> None:
-    if backend.critic is None:
-        raise RuntimeError(
-            "this backend was built without a value model (critic=True; a run builds one for "
-            "estimator gae only)"
-        )
-
-
-def _mean(history: list[dict[str, float]], prefix: str = "") -> dict[str, float]:
-    keys = {k for h in history for k in h}
-    return {prefix + k: sum(h.get(k, 0.0) for h in history) / max(1, len(history)) for k in sorted(keys)}
-
-
 def from_config(policy: nn.Module, cfg) -> TorchBackend:
     """``trainer.backend: torch``: the backend built from a ``TrainConfig``'s ``optim`` section (the
     schedule spans the run's iterations), ``model.dtype`` and ``algo.kl_coef`` (a reference model)."""
     from agentrl.device import resolve_dtype
 
-    o = cfg.optim
     return TorchBackend(
         policy,
-        actor_lr=o.actor_lr,
-        critic_lr=o.critic_lr,
-        weight_decay=o.weight_decay,
-        adam_eps=o.adam_eps,
-        warmup_steps=o.warmup_steps,
-        schedule=o.schedule,
-        total_steps=cfg.run.iterations * o.epochs * o.minibatches,
-        grad_clip=o.grad_clip,
-        epochs=o.epochs,
-        critic_epochs=o.critic_epochs,
-        minibatches=o.minibatches,
-        micro_token_budget=o.micro_token_budget,
-        packing=o.packing,
-        attention=o.attention,
-        logprob_chunk=o.logprob_chunk,
+        **backend_settings(cfg),
+        packing=cfg.optim.packing,
+        attention=cfg.optim.attention,
         dtype=resolve_dtype(cfg.model.dtype, next(policy.parameters()).device),
-        reference=cfg.algo.kl_coef > 0,
-        critic=cfg.algo.critic,
-        seed=cfg.run.seed,
     )

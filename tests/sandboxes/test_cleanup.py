@@ -78,7 +78,8 @@ def test_signal_removes_the_local_workspace_and_cgroup(signum):
         assert made, "a cgroup could be made here, but the sandbox has none"
     child.send_signal(signum)
     child.wait(timeout=60)
-    assert not os.path.exists(workdir) and cgroups_of(child.pid) == []
+    left = {str(d): (d / "cgroup.procs").read_text().split() for d in cgroups_of(child.pid)}
+    assert not os.path.exists(workdir) and not left, (os.path.exists(workdir), left, child.returncode)
 
 
 def test_kill_9_then_gc_removes_the_local_workspace_and_cgroup(capsys):

@@ -170,15 +170,12 @@ class MegatronBackend(Updates):
         self.critic = self._gpt(hf_state, value=True) if critic else None
         # Built, not deep-copied: megatron-core's modules hold process groups, which do not copy.
         self.reference = self._gpt(hf_state, value=False).eval().requires_grad_(False) if reference else None
-        self.epochs, self.minibatches = epochs, minibatches
-        self.critic_epochs = critic_epochs or epochs
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
-        self.generator = torch.Generator().manual_seed(seed)
+        critic_total = self._set_update_order(epochs, critic_epochs, minibatches, seed, total_steps)
         self.sharded = distributed_optimizer
         self.actor_opt, self.actor_sched = self._optimizer(
             self.policy, actor_lr, weight_decay, adam_eps, warmup_steps, schedule, total_steps
         )
-        critic_total = max(1, total_steps * self.critic_epochs // epochs)
         self._critic_args = (critic_lr, weight_decay, adam_eps, warmup_steps, schedule, critic_total)
         if self.critic is not None:
             self._critic_optimizer()

@@ -220,8 +220,6 @@ class TorchBackend(Updates):
             policy.set_attn_implementation(_ATTN_IMPLEMENTATION[self.attention])
         self.critic = ValueModel(policy).to(self.device).eval() if critic else None
         self.reference = _frozen_copy(policy) if reference else None
-        self.epochs, self.minibatches = epochs, minibatches
-        self.critic_epochs = critic_epochs or epochs
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
         if packing not in ("padded", "packed"):
             raise ValueError(f"packing must be 'padded' or 'packed'; got {packing!r}")
@@ -230,13 +228,11 @@ class TorchBackend(Updates):
         self.autocast = dtype == "bfloat16"
         # the LM head's logits stay fp32; in a bf16 run on CUDA they come from TF32 products
         self.tf32 = self.autocast and self.device.type == "cuda"
-        self.generator = torch.Generator().manual_seed(seed)
+        critic_total = self._set_update_order(epochs, critic_epochs, minibatches, seed, total_steps)
         self.actor_opt = torch.optim.AdamW(
             policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
         )
         self.actor_sched = lr_schedule(self.actor_opt, warmup_steps, schedule, total_steps)
-        # the critic takes critic_epochs / epochs as many steps: its schedule spans them all
-        critic_total = max(1, total_steps * self.critic_epochs // epochs)
         self._critic_args = (critic_lr, weight_decay, adam_eps, warmup_steps, schedule, critic_total)
         if self.critic is not None:
             self._critic_optimizer()

@@ -14,8 +14,8 @@ minibatch. A backend supplies its forward passes and its optimizer step:
 - ``_sft_optimizer(lr)``: the warm start's optimizer and schedule; ``_actor_lr()``: the actor's
   learning rate now.
 
-and sets ``policy``, ``reference``, ``critic``, ``epochs``, ``critic_epochs``, ``minibatches``,
-``generator``, the optimizers and their schedules.
+and sets ``policy``, ``reference``, ``critic``, the optimizers and their schedules; its constructor
+calls ``_set_update_order`` for the passes, minibatches and their random order.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def backend_settings(cfg) -> dict[str, Any]:
 
 
 class Updates:
-    """The calls both backends make the same way (see the module's docstring for what a backend supplies)."""
+    """The calls both backends make the same way (see the module's docstring for what a backend
+    supplies); a backend's constructor calls ``_set_update_order``."""
 
     def logprobs(self, batch: Batch, temperature: float = 1.0) -> Tensor:
         return self._all(lambda rows: self._row_logprobs(self.policy, batch, rows, temperature), batch)
@@ -194,6 +195,18 @@ class Updates:
             history = self._step(opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1, steps)
             losses.append(mean_metrics(history)["sft_loss"])
         return losses
+
+    def _set_update_order(
+        self, epochs: int, critic_epochs: int | None, minibatches: int, seed: int, total_steps: int
+    ) -> int:
+        """Set what the shared calls read: passes over a batch (the critic's own number, by default
+        the actor's), minibatches per pass and the generator that draws them. Returns the critic's
+        optimizer steps over the run, for its schedule: ``critic_epochs / epochs`` times the actor's
+        ``total_steps``."""
+        self.epochs, self.minibatches = epochs, minibatches
+        self.critic_epochs = critic_epochs or epochs
+        self.generator = torch.Generator().manual_seed(seed)
+        return max(1, total_steps * self.critic_epochs // epochs)
 
     def _minibatches(self, batch: Batch, minibatches: int) -> list[list[int]]:
         order = torch.randperm(batch.size, generator=self.generator).tolist()

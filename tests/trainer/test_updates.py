@@ -85,7 +85,7 @@ def test_a_micro_batch_shares_by_tokens_or_by_rows_and_rows_with_nothing_to_trai
 
 def test_minibatches_split_the_batch_at_random_into_near_equal_parts():
     updates = Updates()
-    updates.generator = torch.Generator().manual_seed(0)
+    assert updates._set_update_order(2, 6, 1, seed=0, total_steps=10) == 30  # the critic's steps
     batch = small_batch()
     for n, sizes in ((1, [4]), (3, [2, 1, 1]), (9, [1, 1, 1, 1])):
         parts = updates._minibatches(batch, n)

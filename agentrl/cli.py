@@ -538,6 +538,9 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+_PROG = "_agentrl_prog"  # the namespace attribute naming the command that parsed last
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -548,6 +551,24 @@ class _Parser(argparse.ArgumentParser):
             default=argparse.SUPPRESS,
             help="show the traceback of an unexpected error, not just its line",
         )
+
+    def parse_known_args(self, args=None, namespace=None):
+        # The innermost command's parser finishes first: its name is kept, so that arguments left
+        # over (which the outermost parser reports) point at that command's own --help.
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, _PROG):
+            setattr(namespace, _PROG, self.prog)
+        return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        prog = getattr(namespace, _PROG)
+        delattr(namespace, _PROG)
+        if extras:
+            self.exit(
+                2, f"error: unrecognized arguments: {' '.join(extras)}; `{prog} --help` shows the usage\n"
+            )
+        return namespace
 
     def error(self, message: str):
         # One line like every other input error; subcommands' parsers are of this class too.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cli import main
+from agentrl.cli import build_parser, main
 from agentrl.rollout.agent_loop import LoopConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,6 +201,28 @@ def test_bad_arguments_are_one_line_too(argv, message, capsys):
     assert e.value.code == 2
     line = one_error_line(capsys)
     assert line.startswith(message) and line.endswith("--help` shows the usage")
+
+
+@pytest.mark.parametrize(
+    "argv,left,command",
+    [
+        (["train", "recipe.yaml", "--set", "x=1"], "--set x=1", "agentrl train"),
+        (["sandbox", "gc", "--bogus"], "--bogus", "agentrl sandbox gc"),
+        (["--bogus"], "--bogus", "agentrl"),
+    ],
+)
+def test_arguments_left_over_point_at_their_commands_help(argv, left, command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: unrecognized arguments: {left};")
+    assert line.endswith(f"`{command} --help` shows the usage")
+
+
+def test_the_parsed_arguments_carry_no_bookkeeping():
+    args = build_parser().parse_args(["train", "recipe.yaml", "a.b=1"])
+    assert vars(args).keys() >= {"config", "overrides"} and not any(k.startswith("_") for k in vars(args))
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ from agentrl.env import (
     Observation,
     StepResult,
     Task,
+    TaskList,
     check_env,
+    first_task,
     list_envs,
     make,
     register,
@@ -30,6 +32,12 @@ class EchoEnv:
     def tasks(self, split):
         if self.broken == "no_tasks":
             raise AttributeError("tasks")
+        if self.broken == "tasks_raise":
+            raise FileNotFoundError("data/tasks.jsonl")
+        if self.broken == "empty_split":
+            return []
+        if self.broken == "task_ids":
+            return [f"{split}-{i}" for i in range(4)]
         return [Task(f"{split}-{i}", {"index": i}) for i in range(4)]
 
     async def reset(self, task):
@@ -38,15 +46,30 @@ class EchoEnv:
         messages = [{"role": "user", "content": f"{self.greeting} {task.id}"}]
         if self.broken == "bad_message":
             messages.append({"role": "robot", "content": "x"})
+        if self.broken == "ends_with_assistant":
+            messages.append({"role": "assistant", "content": "I will"})
+        if self.broken == "not_json":
+            messages[0]["seen"] = {task.id}
         tools = [BASH] if self.broken != "bad_spec" else [{"type": "function", "function": {"name": "x"}}]
-        return Observation(messages, tools)
+        if self.broken == "reset_raises":
+            raise KeyError(task.id)
+        if self.broken == "reset_messages":
+            return messages
+        if self.broken == "messages_str":
+            return Observation(messages[0]["content"], tools)
+        return Observation(messages, [] if self.broken == "no_tools" else tools)
 
     async def step(self, tool_calls):
         if self.broken == "raises" and tool_calls and tool_calls[0].error:
             raise RuntimeError("cannot parse")
-        return StepResult(
-            [{"role": "tool", "content": "error: bad call", "name": "bash", "tool_call_id": "c"}]
-        )
+        observation = [{"role": "tool", "content": "error: bad call", "name": "bash", "tool_call_id": "c"}]
+        if self.broken == "step_tuple":
+            return observation, 0.0, False
+        if self.broken == "silent_step":
+            return StepResult([])
+        if self.broken == "reward_str":
+            return StepResult(observation, reward="0")
+        return StepResult(observation)
 
     async def close(self):
         self.closed += 1
@@ -105,12 +128,52 @@ def test_entry_point_plugins_register(tmp_path, monkeypatch):
         ("raises", "step raised RuntimeError: cannot parse on a malformed tool call"),
         ("close_twice", "close is not idempotent"),
         ("nondeterministic", "says it is deterministic, but two resets of the same task differ"),
+        (
+            "reset_raises",
+            "reset\\(task\\) raised KeyError: 't-0' \\(task t-0\\); reset must start an episode",
+        ),
+        ("reset_messages", "reset must return an Observation\\(messages, tools\\); got list"),
+        ("messages_str", "reset\\(\\).messages must be a list of chat messages; got str"),
+        ("ends_with_assistant", "reset\\(\\).messages should end with the user's task"),
+        ("not_json", "reset\\(\\).messages is not JSON-serialisable \\(Object of type set"),
+        ("no_tools", "reset\\(\\).tools must be a non-empty list of tool specs"),
+        ("step_tuple", "step must return a StepResult; got tuple"),
+        ("silent_step", "step answered a malformed call with no observation; tell the agent what was wrong"),
+        ("reward_str", "StepResult.reward must be a number and StepResult.done a bool"),
     ],
 )
 def test_checker_names_the_likely_cause(broken, message):
     with pytest.raises(EnvCheckError, match=message):
         check_env(EchoEnv(broken=broken), Task("t-0"))
     assert check_env(EchoEnv(), Task("t-0"))[-1] == "close is idempotent"
+
+
+@pytest.mark.parametrize(
+    "broken,message",
+    [
+        (
+            "tasks_raise",
+            "tasks\\('train'\\) raised FileNotFoundError: data/tasks.jsonl; it must return the split's tasks",
+        ),
+        ("empty_split", "tasks\\('train'\\) is empty; the checker runs its first task"),
+        ("task_ids", "tasks\\('train'\\)\\[0\\] must be a Task\\(id, data\\); got str: train-0"),
+    ],
+)
+def test_first_task_names_what_tasks_returned(broken, message):
+    with pytest.raises(EnvCheckError, match=message):
+        first_task(EchoEnv(broken=broken))
+    assert first_task(EchoEnv()) == Task("train-0", {"index": 0})
+
+
+def test_a_task_list_makes_its_tasks_on_demand_and_names_its_size():
+    made = []
+    tasks = TaskList(3, lambda i: made.append(i) or Task(f"t-{i}"))
+    assert len(tasks) == 3 and made == []
+    assert tasks[-1].id == "t-2" and [t.id for t in tasks[1:]] == ["t-1", "t-2"] and made == [2, 1, 2]
+    assert [t.id for t in tasks] == ["t-0", "t-1", "t-2"]
+    for index in (3, -4):
+        with pytest.raises(IndexError, match=f"task index {index} is out of range: the split holds 3 tasks"):
+            tasks[index]
 
 
 def test_checker_names_what_the_protocol_lacks():

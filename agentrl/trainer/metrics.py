@@ -30,7 +30,7 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-            except Exception:  # tensorboard is optional
+            except ImportError:  # tensorboard is optional: without it, torch's writer cannot import
                 self._tb = None
         if wandb:
             try:

@@ -695,7 +695,14 @@ def load_config(
     model: type[BaseModel], path: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Any:
     """Load ``model`` from a YAML file and ``key.sub=value`` overrides; ``ConfigError`` on anything wrong."""
-    data = read_settings(path, overrides)
+    return validate_settings(model, read_settings(path, overrides), path, overrides)
+
+
+def validate_settings(
+    model: type[BaseModel], data: Any, path: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Any:
+    """``model`` from settings read from ``path`` (a name for messages) and ``overrides``; a
+    ``ConfigError`` naming each bad key, its closest valid one, and where its value came from."""
     try:
         return model.model_validate(data)
     except ValidationError as e:

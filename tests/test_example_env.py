@@ -118,6 +118,36 @@ def test_the_plugin_env_warm_starts_and_trains(installed, tmp_path, capsys):
     datasets.disable_progress_bars()
     rows = datasets.load_dataset("json", data_files=str(run / "trajectories" / "*.jsonl.gz"), split="train")
     assert len(rows) == len(stored)
+    # What cannot be branched is named, and nothing is stored.
+    import shutil
+
+    bare, broken = tmp_path / "bare", tmp_path / "broken" / "quickstart"
+    shutil.copytree(run / "trajectories", bare)
+    shutil.copytree(run / "trajectories", broken / "trajectories")
+    (broken / "config.json").write_text('{"run": {')
+    for argv, message in [
+        (
+            [str(run), "--from-turn", "99"],
+            f"--from-turn 99: episode {original.id} has {original.turns} assistant",
+        ),
+        ([str(bare), "--from-turn", "2"], "--from-turn needs a run directory (its config.json names"),
+        (
+            [str(run), "--from-turn", "2", "--set", "env.id=bugfix-v0"],
+            "the episode is of environment 'linecount-v0' but the run trains 'bugfix-v0'",
+        ),
+        (
+            [str(run), "--from-turn", "2", "--set", "rollout.max_turns=x"],
+            "invalid config (the override rollout.max_turns=x): 'rollout.max_turns': Input should be a valid",
+        ),
+        (
+            [str(broken), "--from-turn", "2"],
+            f"{broken / 'config.json'} is not the JSON that `agentrl train` writes",
+        ),
+    ]:
+        assert main(["replay", *argv, "--id", original.id]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1 and "pydantic" not in err, (argv, err)
+    assert len(read(run / "trajectories")[0]) == len(stored)
     # The run on one page: agentrl report reads what the run wrote.
     assert main(["report", str(out / "quickstart")]) == 0
     page = (out / "quickstart" / "report" / "index.html").read_text()

@@ -80,7 +80,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_config(run_dir: Path, overrides: list[str]):
-    from agentrl.config import ConfigError, TrainConfig, read_settings
+    from agentrl.config import ConfigError, TrainConfig, read_settings, validate_settings
 
     config = run_dir / "config.json"
     if not config.is_file():
@@ -89,12 +89,15 @@ def run_config(run_dir: Path, overrides: list[str]):
             "config.json; give the run directory of an `agentrl train` run"
         )
     try:
-        data = _merge(json.loads(config.read_text()), read_settings(None, overrides))
-        return TrainConfig.model_validate(data)
+        saved = json.loads(config.read_text())
+    except ValueError as e:
+        raise ReplayError(f"{config} is not the JSON that `agentrl train` writes ({e})") from None
+    try:
+        return validate_settings(
+            TrainConfig, _merge(saved, read_settings(None, overrides)), str(config), overrides
+        )
     except ConfigError as e:
         raise ReplayError(str(e)) from None
-    except ValueError as e:
-        raise ReplayError(f"{config} with {' '.join(overrides) or 'no settings'}: {e}") from None
 
 
 def sampling_weights(run_dir: Path, iteration: int | None) -> tuple[str | None, str]:

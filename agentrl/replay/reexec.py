@@ -229,16 +229,17 @@ async def reexec(env: AgentEnv, t: Trajectory, task: Task, *, exact: bool = Fals
 
 def build_env(store: Path, t: Trajectory, sandbox: str | None) -> tuple[AgentEnv, list[str], str]:
     """The episode's environment, its split names, and where its settings came from."""
-    from agentrl.config import ConfigError, TrainConfig, env_factory_params, make_env
+    from agentrl.config import ConfigError, TrainConfig, env_factory_params, make_env, validate_settings
     from agentrl.rollout.from_config import env_factory
 
     config = store.parent / "config.json" if store.name == "trajectories" else None
     if config is not None and config.is_file():
         try:
-            cfg = TrainConfig.model_validate_json(config.read_text())
-        except ValueError as e:
+            cfg = validate_settings(TrainConfig, json.loads(config.read_text()))
+        except ValueError as e:  # not JSON, or settings this version does not read (a ConfigError)
             raise ReplayError(
-                f"{config} is not a run config this version reads ({e}); use a bare store"
+                f"{config} is not a run config this version reads ({e}); copy the episode's shard "
+                "to a store of its own to re-execute it there"
             ) from None
         if cfg.env.id != t.env_id:
             raise ReplayError(

@@ -184,6 +184,22 @@ def test_reexec_input_errors_are_one_line(tmp_path, tok, capsys):
     assert main(["replay", str(store), "--id", "w0-00000:1", "--reexec"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "echo-v0" in err and len(err.splitlines()) == 1
+    # A run directory whose settings this version does not read, or are not JSON: named, one line.
+    run = tmp_path / "run" / "trajectories"
+    with TrajectoryStore(run) as s:
+        s.append(t)
+    for settings, named in [
+        (
+            '{"env": {"id": "echo-v0"}, "algo": {"kl_coeff": 0.1}}',
+            "unknown key 'algo.kl_coeff'. Did you mean 'algo.kl_coef'?",
+        ),
+        ('{"env": ', "Expecting value"),
+    ]:
+        (run.parent / "config.json").write_text(settings)
+        assert main(["replay", str(run), "--id", "w0-00000:1", "--reexec"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {run.parent / 'config.json'} is not a run config this version reads (")
+        assert named in err and len(err.splitlines()) == 1 and "pydantic" not in err, err
 
 
 def test_a_bugfix_episode_replays_identically_until_its_task_file_is_altered(

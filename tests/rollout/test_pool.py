@@ -121,3 +121,69 @@ def test_64_concurrent_episodes_with_faults(backend, tmp_path):
     stored = list(TrajectoryStore(tmp_path / "store").read())
     assert sorted(t.task_id for t in stored) == sorted(t.id for t in tasks)
     assert engine.inner.stats["max_batch"] > 8  # concurrent episodes were decoded together
+
+
+def _pool(factory, store=None, **kwargs):
+    from agentrl.models import tiny_tokenizer
+    from agentrl.rollout.pool import RolloutPool
+    from tests.rollout.fakes import FixedEngine
+
+    tok = tiny_tokenizer()
+    engine = FixedEngine(
+        [*tok.encode("done", add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
+    )
+    return RolloutPool(factory, engine, tok, LoopConfig(max_turns=2), store=store, progress=False, **kwargs)
+
+
+def test_an_environment_that_cannot_be_made_is_an_env_error_episode_and_stored(tmp_path):
+    from agentrl.env import Task
+    from tests.rollout.fakes import EchoEnv
+
+    made = iter(range(100))
+
+    def factory():
+        if next(made) % 3 == 1:
+            raise OSError("no space left on device")
+        return EchoEnv(2)
+
+    tasks = [Task(f"train-{i}") for i in range(3)]
+    with TrajectoryStore(tmp_path / "store") as store:
+        out = asyncio.run(_pool(factory, store, n_samples=2).run(tasks, extra={"iteration": 4}))
+    assert [(t.task_id, t.sample_index) for t in out] == [(t.id, s) for t in tasks for s in (0, 1)]
+    broken = [t for t in out if t.status == "env_error"]
+    assert len(broken) == 2 and all(
+        t.extra["error"] == "could not create the environment: OSError: no space left on device"
+        for t in broken
+    )
+    stored = list(TrajectoryStore(tmp_path / "store").read())
+    assert sorted(t.status for t in stored) == sorted(t.status for t in out) and len(stored) == 6
+    assert all(t.extra["iteration"] == 4 for t in stored)
+
+
+def test_a_cancelled_run_cancels_every_episode_it_started():
+    from agentrl.env import Task
+    from tests.rollout.fakes import EchoEnv
+
+    envs = []
+
+    def factory():
+        envs.append(EchoEnv(50, step_delay=1.0))
+        return envs[-1]
+
+    async def main():
+        run = asyncio.ensure_future(_pool(factory, concurrency=3).run([Task(f"train-{i}") for i in range(6)]))
+        await asyncio.sleep(0.3)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return others
+
+    assert asyncio.run(main()) == []
+    assert len(envs) == 3 and all(env.closed >= 1 for env in envs)  # the three started, each closed
+
+
+@pytest.mark.parametrize("kwargs", [{"concurrency": 0}, {"n_samples": 0}])
+def test_concurrency_and_samples_must_be_positive(kwargs):
+    with pytest.raises(ValueError, match="concurrency and n_samples must be >= 1; got"):
+        _pool(lambda: None, **kwargs)

@@ -6,8 +6,8 @@ import pytest
 
 import agentrl.env as env_module
 from agentrl.cli import main
-from agentrl.env import Observation, StepResult, Task, register
-from agentrl.tools import function_spec
+from agentrl.env import Demonstration, DemoTurn, Observation, StepResult, Task, register
+from agentrl.tools import ToolCall, function_spec
 
 ANSWER = function_spec("answer", "Give your final answer.", {"text": {"type": "string"}}, ["text"])
 
@@ -62,7 +62,23 @@ class OwnStatusEnv(NoSandboxEnv):
         return StepResult([], reward=0.0, done=True, info={"status": "wrong_answer"})
 
 
+class WrongDemoEnv(NoSandboxEnv):
+    """Its demonstration answers the word unreversed, and means to earn 1."""
+
+    def demonstration(self, task):
+        return Demonstration([DemoTurn([ToolCall("answer", {"text": task.data["word"]}, id="call_0")])])
+
+
+class PassesIdleEnv(NoSandboxEnv):
+    """Grades whatever the agent does as solved."""
+
+    async def step(self, tool_calls):
+        return StepResult([], reward=1.0, done=True, info={"status": "completed"})
+
+
 ENVS = {
+    "wrongdemo-v0": "WrongDemoEnv",
+    "passesidle-v0": "PassesIdleEnv",
     "ownstatus-v0": "OwnStatusEnv",
     "nosandbox-v0": "NoSandboxEnv",
     "needsdata-v0": "DataEnv",
@@ -139,6 +155,16 @@ def test_bad_args_are_named(given, message, capsys):
             "with a length and indexing; got generator",
         ),
         ("raisingreset-v0", "FAILED: reset(task) raised RuntimeError: no data for this task (task train-0)"),
+        (
+            "wrongdemo-v0",
+            "FAILED: the demonstration of task train-0 ended completed with reward 0.0, but means to earn 1.0 "
+            "(no error recorded); fix demonstration() or the grading",
+        ),
+        (
+            "passesidle-v0",
+            "FAILED: an episode of task train-0 in which the agent did nothing earned reward 1.0: "
+            "the grading passes untouched work",
+        ),
         (
             "ownstatus-v0",
             "FAILED: an episode of task train-0 in which the agent did nothing ended env_error "

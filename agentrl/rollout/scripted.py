@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from agentrl.env import AgentEnv, Demonstration, Task
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
-from agentrl.rollout.engine import EngineError, Generation, SamplingParams
+from agentrl.rollout.engine import Generation, SamplingParams
 from agentrl.tools import RENDERERS
 from agentrl.trajectory import Trajectory
 
 
 class ScriptedEngine:
-    """Answers turn k of an episode with ``script[k]`` (``ScriptedEngine(tok, script=[...])``, one
-    engine per episode), or, with ``add(prompt_ids, turns)``, the texts registered for the episode's
-    prompt (several episodes through one engine).
+    """Answers turn k of one episode with ``script[k]`` (an empty turn past its end):
+    ``ScriptedEngine(tok, script=[...])``, one engine per episode.
 
     The turn being asked for is the number of shorter inputs the episode has asked with before: the
     loop only appends to an episode's ids, so each turn's input extends the last one's (the same input
@@ -25,44 +24,17 @@ class ScriptedEngine:
     Each answer is ``encode(text) + [end of turn]`` with log-prob 0.0 per token (a deterministic policy).
     """
 
-    def __init__(self, tokenizer, *, script: list[str] | None = None, end_of_turn: str | None = None):
+    def __init__(self, tokenizer, *, script: list[str], end_of_turn: str | None = None):
         self.tok = tokenizer
         self.eot_id = tokenizer.convert_tokens_to_ids(end_of_turn or tokenizer.eos_token)
-        self.script = None if script is None else list(script)
-        self._scripts: dict[int, dict[tuple[int, ...], list[str]]] = {}
-        self._asked: dict[tuple[int, ...], set[int]] = {}  # per episode (its prompt): input lengths seen
+        self.script = list(script)
+        self._asked: set[int] = set()  # the input lengths the episode has asked with
         self.weight_version = "scripted"
 
-    def add(self, prompt_ids: list[int], turns: list[str]) -> None:
-        scripts = self._scripts.setdefault(len(prompt_ids), {})
-        key, turns = tuple(prompt_ids), list(turns)
-        if scripts.get(key, turns) != turns:
-            raise ValueError(
-                "another script is registered for the same prompt (two tasks render the same prompt): "
-                "use one ScriptedEngine per episode"
-            )
-        scripts[key] = turns
-
-    def _turn(self, episode: tuple[int, ...], input_ids: list[int]) -> int:
-        asked = self._asked.setdefault(episode, set())
-        asked.add(len(input_ids))
-        return sum(1 for n in asked if n < len(input_ids))
-
-    def _script(self, input_ids: list[int]) -> tuple[tuple[int, ...], list[str]]:
-        """The episode's key (its prompt; one episode per engine with ``script``) and its script."""
-        if self.script is not None:
-            return (), self.script
-        for length, scripts in self._scripts.items():
-            key = tuple(input_ids[:length])
-            script = scripts.get(key)
-            if script is not None:
-                return key, script
-        raise EngineError("no script registered for this prompt")
-
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-        episode, script = self._script(input_ids)
-        turn = self._turn(episode, input_ids)
-        text = script[turn] if turn < len(script) else ""
+        self._asked.add(len(input_ids))
+        turn = sum(1 for n in self._asked if n < len(input_ids))
+        text = self.script[turn] if turn < len(self.script) else ""
         ids = self.tok.encode(text, add_special_tokens=False) + [self.eot_id]
         reason = "stop"
         if len(ids) > params.max_new_tokens:

@@ -13,7 +13,11 @@ that could change how the verdict is reached instead of what is judged:
 - Python start-up hooks: ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``;
 - binary patches and symlinks (mode 120000); renames and copies (diffs are made with
   ``--no-renames``; one that has them was not made by agentrl);
-- sections whose header cannot be read.
+- sections that are not one file's edit as git writes it: a header that cannot be read or names
+  two files, ``---``/``+++`` lines naming another file than the header (``git apply`` and ``patch``
+  edit the file those lines name), hunks whose lines do not match their counts, anything after the
+  hunks (a ``---``/``+++`` pair there is another file's patch to both tools), and a patch before
+  the first ``diff --git`` line.
 
 The reward hacks this closes are those seen in the wild on SWE-style tasks: edited or added
 tests, a root ``conftest.py`` whose hook rewrites outcomes, pytest options from config files,
@@ -73,7 +77,8 @@ def _unquote(text: str) -> tuple[str, str] | None:
 
 
 def _header_paths(line: str) -> tuple[str, str] | None:
-    """The a/ and b/ paths of a ``diff --git a/X b/Y`` line, or None when it cannot be read."""
+    """The a/ and b/ paths of a ``diff --git a/X b/Y`` line, or None when it cannot be read or
+    names two files (without renames both sides name the same one)."""
     rest = line[len("diff --git ") :]
     if rest.startswith('"'):
         first = _unquote(rest)
@@ -82,55 +87,123 @@ def _header_paths(line: str) -> tuple[str, str] | None:
         a, rest = first
         rest = rest.lstrip(" ")
         second = _unquote(rest) if rest.startswith('"') else (rest, "")
-        if second is None:
+        if second is None or second[1]:
             return None
         b = second[0]
     elif rest.endswith('"'):
         at = rest.rfind(' "')
         second = _unquote(rest[at + 1 :]) if at >= 0 else None
-        if second is None:
+        if second is None or second[1]:
             return None
         a, b = rest[:at], second[0]
     else:
-        # Without renames both sides name the same file: "a/P b/P", so P is half of what is left.
+        # "a/P b/P", so P is half of what is left.
         if (len(rest) - 5) % 2:
             return None
         n = (len(rest) - 5) // 2
         a, b = rest[: 2 + n], rest[3 + n :]
-        if a[2:] != b[2:]:
-            return None
-    if not (a.startswith("a/") and b.startswith("b/")):
+    if not (a.startswith("a/") and b.startswith("b/")) or a[2:] != b[2:]:
         return None
     return a[2:], b[2:]
 
 
+def _file_name(line: str, marker: str) -> str | None:
+    """The name on a ``--- NAME`` or ``+++ NAME`` line (git quotes an odd one, and ends one holding a
+    space with a tab); None when it cannot be read."""
+    rest = line[len(marker) :].rstrip("\n")
+    if rest.startswith('"'):
+        quoted = _unquote(rest)
+        return quoted[0] if quoted is not None and not quoted[1] else None
+    return rest[:-1] if rest.endswith("\t") and " " in rest else rest
+
+
+def _lines(text: str) -> list[str]:
+    """``text`` split after each newline, and only there: ``git apply`` and ``patch`` read lines so,
+    and a form feed or a carriage return is part of a line (``str.splitlines`` would split there)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+_EXTENDED = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "index ")
+_HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def _section_problem(lines: list[str], path: str) -> str | None:
+    """Why a file section of a patch (its lines after ``diff --git``) is not a plain edit of ``path``
+    as git writes one: extended header lines, ``---``/``+++`` naming that file, then hunks with as
+    many lines as their headers count. ``git apply`` and ``patch`` take the file to change from the
+    ``---``/``+++`` lines and read any such pair after the hunks as another file's patch, so a
+    section with another name there, or lines beyond its hunks, could edit a file that its header
+    does not name."""
+    i, n = 0, len(lines)
+    while i < n and not lines[i].startswith(("--- ", "@@")):
+        line = lines[i]
+        if line.startswith(("rename from", "rename to", "copy from", "copy to")):
+            return "a rename or copy"
+        if line.startswith(("GIT binary patch", "Binary files")):
+            return "a binary patch"
+        if line.startswith(_MODE_LINES) and line.split()[-1] == "120000":
+            return "a symlink"
+        if not line.startswith(_EXTENDED):
+            return "a header line git does not write"
+        i += 1
+    if i == n:
+        return None  # a mode change, or an empty file made or removed
+    if not lines[i].startswith("--- ") or i + 1 == n or not lines[i + 1].startswith("+++ "):
+        return "hunks without the ---/+++ lines that name their file"
+    old, new = _file_name(lines[i], "--- "), _file_name(lines[i + 1], "+++ ")
+    if old not in (f"a/{path}", "/dev/null") or new not in (f"b/{path}", "/dev/null") or old == new:
+        return "---/+++ lines that name another file than its header"
+    i += 2
+    if i == n:
+        return "---/+++ lines without hunks"
+    while i < n:
+        hunk = _HUNK.match(lines[i])
+        if hunk is None:
+            return "lines after its hunks (git apply and patch read a ---/+++ pair there as another file's)"
+        old_left, new_left = int(hunk[1] or 1), int(hunk[2] or 1)
+        i += 1
+        while i < n and (old_left or new_left):
+            kind = lines[i][0]
+            if kind in " \n":  # context; an empty line is one whose space was stripped
+                old_left, new_left = old_left - 1, new_left - 1
+            elif kind == "-":
+                old_left -= 1
+            elif kind == "+":
+                new_left -= 1
+            elif kind != "\\":  # "\ No newline at end of file"
+                break
+            i += 1
+        if old_left or new_left:
+            return "a hunk whose lines do not match its header's counts"
+        while i < n and lines[i].startswith("\\"):
+            i += 1
+    return None
+
+
 def split_patch(patch: str) -> list[FileDiff]:
-    """The file sections of a git patch, each with its path and what makes it unappliable (if anything)."""
+    """The file sections of a git patch, each with its path and what makes it unappliable or not a
+    plain edit of that one file (if anything). Text before the first section is part of none; when it
+    holds a patch of its own (``---``/``+++`` or hunk lines), that text is a section with no path."""
     sections: list[list[str]] = []
-    for line in patch.splitlines(keepends=True):
+    before: list[str] = []
+    for line in _lines(patch):
         if line.startswith("diff --git "):
             sections.append([line])
         elif sections:
             sections[-1].append(line)
+        else:
+            before.append(line)
     files = []
+    if any(line.startswith(("--- ", "+++ ", "@@ ")) for line in before):
+        files.append(FileDiff("", "".join(before), "a patch before the first diff --git line (not git's)"))
     for lines in sections:
         text = "".join(lines)
         paths = _header_paths(lines[0].rstrip("\n"))
         if paths is None:
             files.append(FileDiff("", text, "its header cannot be read"))
             continue
-        old, new = paths
-        problem = None
-        for line in lines[1:]:
-            if line.startswith("@@"):
-                break
-            if line.startswith(("rename from", "rename to", "copy from", "copy to")):
-                problem = "a rename or copy"
-            elif line.startswith(("GIT binary patch", "Binary files")):
-                problem = "a binary patch"
-            elif line.startswith(_MODE_LINES) and line.split()[-1] == "120000":
-                problem = "a symlink"
-        files.append(FileDiff(new or old, text, problem))
+        files.append(FileDiff(paths[1], text, _section_problem(lines[1:], paths[1])))
     return files
 
 

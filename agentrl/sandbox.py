@@ -240,9 +240,9 @@ def diff_script(base: str, paths: list[str] | None = None) -> str:
     second as the baseline commit would look unchanged).
 
     The repository's config is the agent's to edit, so the output's shape is fixed by flags
-    (prefixes, no colour, no renames, no external diff or text conversion, no fsmonitor command)
-    and stderr is kept out of it; a patch from here is still untrusted input for the grader
-    (``agentrl.patches.filter_patch``).
+    (prefixes, no colour, no renames, no external diff or text conversion, no fsmonitor command,
+    odd file names quoted) and stderr is kept out of it; a patch from here is still untrusted input
+    for the grader (``agentrl.patches.filter_patch``).
 
     The diff is printed in base64 (``read_diff`` decodes it): command output is read as text, and a
     byte that is not UTF-8 would come back as U+FFFD, so a patch touching a Latin-1 file would no
@@ -252,7 +252,7 @@ def diff_script(base: str, paths: list[str] | None = None) -> str:
     return (
         'idx=$(mktemp -u) && err=$(mktemp) && export GIT_INDEX_FILE="$idx" GIT_NO_REPLACE_OBJECTS=1 && '
         "{ git -c core.fsmonitor=false read-tree " + base + " && git -c core.fsmonitor=false add -A && "
-        "git -c core.fsmonitor=false diff --cached --binary --no-color --no-renames --no-ext-diff "
+        "git -c core.fsmonitor=false -c core.quotePath=true diff --cached --binary --no-color --no-renames --no-ext-diff "
         "--no-textconv --src-prefix=a/ --dst-prefix=b/ " + base + " -- " + quoted + " "
         "':(exclude,glob)**/__pycache__/**'; } 2> \"$err\" | base64 -w0; rc=${PIPESTATUS[0]}; "
         '[ $rc = 0 ] || { echo; cat "$err"; }; rm -f "$idx" "$err"; exit $rc'

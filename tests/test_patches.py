@@ -24,6 +24,8 @@ def repo(tmp_path):
     (base / "pkg").mkdir(parents=True)
     (base / "tests").mkdir()
     (base / "pkg" / "a.py").write_text("x = 1\n")
+    (base / "pkg" / "gone.py").write_text("g = 1\n")
+    (base / "pkg" / "crlf.py").write_bytes(b"a = 0\r\n\x0c\nb = 2\r\nc = 0")
     (base / "pkg" / "blob.bin").write_bytes(b"bin\0ary")
     (base / "tests" / "test_a.py").write_text("def test():\n    assert False\n")
     git(base, "init", "-q")
@@ -38,6 +40,10 @@ def agent_patch(repo) -> str:
     (repo / "pkg" / "a.py").chmod(0o755)
     (repo / "pkg" / "we ird.py").write_text("y = 1\n")
     (repo / "pkg" / "t\tab.py").write_text("z = 1\n")
+    (repo / "pkg" / "café.py").write_text("c = 1\n")  # quoted with octal escapes by git
+    (repo / "pkg" / "empty.py").write_text("")  # a section with no hunks
+    (repo / "pkg" / "crlf.py").write_bytes(b"a = 1\r\n\x0c\nb = 2\r\nc = 3")  # no newline at its end
+    (repo / "pkg" / "gone.py").unlink()
     (repo / "pkg" / "blob.bin").write_bytes(b"bin\0ary2")
     (repo / "pkg" / "link").symlink_to("/etc")
     (repo / "pkg" / "hook.pth").write_text("import hook\n")
@@ -68,7 +74,15 @@ def test_keeps_source_edits_and_drops_the_rest(repo, tmp_path):
         "sitecustomize.py": "a Python start-up hook",
         "tests/test_a.py": "a test file",
     }
-    assert {f.path for f in split_patch(kept)} == {"pkg/a.py", "pkg/we ird.py", "pkg/t\tab.py"}
+    assert {f.path for f in split_patch(kept)} == {
+        "pkg/a.py",
+        "pkg/we ird.py",
+        "pkg/t\tab.py",
+        "pkg/café.py",
+        "pkg/empty.py",
+        "pkg/crlf.py",
+        "pkg/gone.py",
+    }
     # what is kept applies to a pristine checkout
     fresh = tmp_path / "fresh"
     git(tmp_path, "clone", "-q", str(repo), str(fresh))
@@ -77,6 +91,9 @@ def test_keeps_source_edits_and_drops_the_rest(repo, tmp_path):
     subprocess.run(["git", "apply"], cwd=fresh, input=kept.encode(), check=True)
     assert (fresh / "pkg" / "a.py").read_text() == "x = 2\n"
     assert (fresh / "pkg" / "t\tab.py").read_text() == "z = 1\n"
+    assert (fresh / "pkg" / "café.py").read_text() == "c = 1\n" and (fresh / "pkg" / "empty.py").exists()
+    assert (fresh / "pkg" / "crlf.py").read_bytes() == b"a = 1\r\n\x0c\nb = 2\r\nc = 3"
+    assert not (fresh / "pkg" / "gone.py").exists()
     assert not (fresh / "conftest.py").exists() and not (fresh / "pkg" / "link").exists()
     assert (fresh / "tests" / "test_a.py").read_text() == "def test():\n    assert False\n"
 
@@ -127,3 +144,89 @@ def test_a_library_of_one_module_keeps_its_edits():
     patch = "diff --git a/mod.py b/mod.py\n--- a/mod.py\n+++ b/mod.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
     kept, dropped = filter_patch(patch, ["mod.py"])
     assert kept == patch and dropped == []
+
+
+TEST_EDIT = "@@ -1,2 +1,2 @@\n def test():\n-    assert False\n+    pass\n"
+SOURCE_EDIT = "--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+
+
+@pytest.mark.parametrize(
+    "forged,why",
+    [
+        # the header names the source; the ---/+++ lines, which git apply follows, a test
+        (
+            "diff --git a/pkg/a.py b/pkg/a.py\n--- a/tests/test_a.py\n+++ b/tests/test_a.py\n" + TEST_EDIT,
+            "---/+++ lines that name another file than its header",
+        ),
+        # a second file's patch after the source edit's hunk, inside its section
+        (
+            "diff --git a/pkg/a.py b/pkg/a.py\n"
+            + SOURCE_EDIT
+            + "--- a/tests/test_a.py\n+++ b/tests/test_a.py\n"
+            + TEST_EDIT,
+            "lines after its hunks (git apply and patch read a ---/+++ pair there as another file's)",
+        ),
+        # quoted headers naming two files: a rename without rename lines
+        (
+            'diff --git "a/tests/test_a.py" "b/pkg/a.py"\n--- a/tests/test_a.py\n+++ b/pkg/a.py\n'
+            + TEST_EDIT,
+            "its header cannot be read",
+        ),
+        (
+            'diff --git a/tests/test_a.py "b/pkg/a.py"\n--- a/tests/test_a.py\n+++ b/pkg/a.py\n' + TEST_EDIT,
+            "its header cannot be read",
+        ),
+        # a rename whose header names one file
+        (
+            "diff --git a/pkg/a.py b/pkg/a.py\nrename from tests/test_a.py\nrename to pkg/a.py\n",
+            "a rename or copy",
+        ),
+        # a plain diff before any git section
+        (
+            "--- a/tests/test_a.py\n+++ b/tests/test_a.py\n" + TEST_EDIT,
+            "a patch before the first diff --git line (not git's)",
+        ),
+    ],
+)
+def test_a_forged_section_cannot_edit_a_file_its_header_does_not_name(repo, forged, why):
+    check = subprocess.run(
+        ["git", "apply", "--check", "-v"], cwd=repo, input=forged.encode(), capture_output=True
+    )
+    assert b"tests/test_a.py" in check.stderr  # what git apply would have touched
+    kept, dropped = filter_patch(forged, ["pkg"])
+    assert kept == "" and [reason for _, reason in dropped] == [why]
+
+
+NAMES = "--- a/pkg/a.py\n+++ b/pkg/a.py\n"
+
+
+@pytest.mark.parametrize(
+    "body,why",
+    [
+        (NAMES + "@@ -1,2 +1,2 @@\n-x = 1\n+x = 2\n", "a hunk whose lines do not match its header's counts"),
+        ("@@ -1 +1 @@\n-x = 1\n+x = 2\n", "hunks without the ---/+++ lines that name their file"),
+        ("similarity index 90%\n" + SOURCE_EDIT, "a header line git does not write"),
+        (NAMES, "---/+++ lines without hunks"),
+        (
+            NAMES + "@@ -1 +1 @@\n-x = 1\n+x = 2\nsome text\n",
+            "lines after its hunks (git apply and patch read a ---/+++ pair there as another file's)",
+        ),
+    ],
+)
+def test_sections_git_would_not_write_are_dropped(body, why):
+    kept, dropped = filter_patch("diff --git a/pkg/a.py b/pkg/a.py\n" + body, ["pkg"])
+    assert kept == "" and dropped == [("pkg/a.py", why)]
+
+
+def test_empty_context_lines_and_no_newline_markers_count_as_git_apply_counts_them(tmp_path):
+    # an empty context line (a patch whose context spaces were stripped), "\\ No newline" markers
+    ok = (
+        "diff --git a/pkg/a.py b/pkg/a.py\n--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1,2 +1,2 @@\n\n"
+        "-x = 1\n\\ No newline at end of file\n+x = 2\n\\ No newline at end of file\n"
+    )
+    assert filter_patch(ok, ["pkg"]) == (ok, [])
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("\nx = 1")
+    git(tmp_path, "init", "-q")
+    subprocess.run(["git", "apply"], cwd=tmp_path, input=ok.encode(), check=True)
+    assert (tmp_path / "pkg" / "a.py").read_text() == "\nx = 2"

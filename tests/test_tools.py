@@ -252,3 +252,65 @@ def test_calls_past_the_per_turn_limit_become_one_error(fmt):
         f"this turn has {MAX_CALLS_PER_TURN + 5} tool calls and only the first {MAX_CALLS_PER_TURN} were "
         f"read; make at most {MAX_CALLS_PER_TURN} calls per turn."
     )
+
+
+def test_editor_mistakes_are_errors_the_agent_reads_and_change_nothing():
+    async def go():
+        async with make_sandbox("local") as sb:
+            tools = CodingTools(sb)
+
+            async def edit(**args):
+                return await tools.run(ToolCall("str_replace_editor", args))
+
+            await sb.write_file("a.py", "x = 1\ny = 2\n")
+            mistakes = [
+                ({"command": "create", "path": "b.py"}, "error: create needs file_text"),
+                ({"command": "undo_edit", "path": "a.py"}, "error: no edit of a.py to undo"),
+                (
+                    {"command": "str_replace", "path": "nope.py", "old_str": "x"},
+                    "error: nope.py does not exist",
+                ),
+                (
+                    {"command": "str_replace", "path": "a.py", "new_str": "x"},
+                    "error: str_replace needs old_str",
+                ),
+                (
+                    {"command": "insert", "path": "a.py", "new_str": "z = 3"},
+                    "error: insert needs insert_line and new_str",
+                ),
+                (
+                    {"command": "insert", "path": "a.py", "insert_line": 3, "new_str": "z"},
+                    "error: insert_line 3 is outside [0, 2]",
+                ),
+                (
+                    {"command": "view", "path": "a.py", "view_range": [1]},
+                    "error: view_range must be [first, last]",
+                ),
+                (
+                    {"command": "view", "path": "a.py", "view_range": [2, 5]},
+                    "error: view_range [2, 5] is outside the file's 2 lines",
+                ),
+                (
+                    {"command": "view", "path": "a.py", "view_range": [0, 1]},
+                    "error: view_range [0, 1] is outside",
+                ),
+            ]
+            for args, message in mistakes:
+                r = await edit(**args)
+                assert r.error and r.exit_code == 1 and r.output.startswith(message), (args, r.output)
+            assert await sb.read_file("a.py") == b"x = 1\ny = 2\n"
+            assert (await tools.run(ToolCall("bash", {"command": "ls"}))).output.split() == [
+                "a.py",
+                "[exit",
+                "code",
+                "0]",
+            ]
+            # undoing a creation removes the file; an edit is undone to the bytes before it
+            await edit(command="create", path="new.py", file_text="n = 1\n")
+            r = await edit(command="undo_edit", path="new.py")
+            assert r.output == "undid the creation of new.py"
+            assert (await edit(command="view", path="new.py")).error
+            r = await edit(command="view", path="a.py", view_range=[2, -1])
+            assert r.output == "     2\ty = 2"
+
+    asyncio.run(go())

@@ -389,3 +389,50 @@ def test_a_template_that_takes_no_tool_messages_still_builds_a_renderer(tiny):
     render = _Renderer(tok, None)
     ids = render.observation([{"role": "user", "content": "ok 1"}], after_eot=True)
     assert tok.decode(ids) == "\n<|im_start|>user\nok 1<|im_end|>\n<|im_start|>assistant\n"
+
+
+class RaisingEngine(FixedEngine):
+    """Raises each of ``errors`` in turn (an engine's own timeout, a dropped connection), then answers."""
+
+    def __init__(self, output_ids, errors):
+        super().__init__(output_ids)
+        self.errors = list(errors)
+
+    async def generate(self, input_ids, params):
+        if self.errors:
+            self.calls.append(list(input_ids))
+            raise self.errors.pop(0)
+        return await super().generate(input_ids, params)
+
+
+def test_an_engine_timeout_or_lost_connection_is_retried_and_named_when_it_persists(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def episode(engine, retries):
+        return run(run_episode(EchoEnv(2), engine, tok, Task("t"), LoopConfig(engine_retries=retries)))
+
+    t = episode(RaisingEngine([eot], [TimeoutError(), ConnectionResetError("peer reset")]), 3)
+    assert t.status == "completed" and t.extra["engine_retries"] == 2
+    t = episode(RaisingEngine([eot], [TimeoutError("read timed out")] * 3), 3)
+    assert t.status == "engine_error" and t.extra["error"].endswith("the engine timed out: read timed out")
+    t = episode(RaisingEngine([eot], [ConnectionRefusedError("refused")] * 2), 2)
+    assert t.status == "engine_error" and "engine unreachable: refused" in t.extra["error"]
+
+
+def test_an_observation_with_no_room_left_ends_the_episode_without_half_of_it(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    probe = run(run_episode(EchoEnv(1), FixedEngine([eot]), tok, Task("t"), LoopConfig()))
+    room = probe.turns[0].end + 1 + 30  # the prompt, one answer, not the long observation after it
+    t = run(
+        run_episode(
+            EchoEnv(3, obs_text="output " * 200),
+            FixedEngine([eot]),
+            tok,
+            Task("t"),
+            LoopConfig(max_context=room),
+        )
+    )
+    assert t.status == "truncated_context" and t.validate()
+    assert t.turns[-1].role == "assistant" and len(t) == probe.turns[0].end + 1

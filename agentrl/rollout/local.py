@@ -312,22 +312,39 @@ class LocalEngine:
         unknown = [k for k in tensors if k not in named]
         if unknown:
             raise KeyError(f"the served model has no tensors named {unknown[:5]}")
+        wrong = [
+            f"{k} {list(v.shape)} (served: {list(named[k].shape)})"
+            for k, v in tensors.items()
+            if v.shape != named[k].shape
+        ]
+        if wrong:  # checked before any is copied: the bucket lands whole or not at all
+            raise ValueError(f"tensors of another shape than the served model's: {', '.join(wrong[:5])}")
         for name, value in tensors.items():
             named[name].copy_(value)
 
     def _load(self, state_dict: dict[str, torch.Tensor]) -> None:
+        # Checked whole before a tensor is copied: torch's load_state_dict copies every tensor that
+        # fits before it reports those that do not, which would leave the served model half replaced.
         # A saved model with tied weights holds one of each tied group (safetensors drops the
         # others, e.g. an output head tied to the embedding): loading it sets the whole group.
-        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        served = self.model.state_dict()
         groups: dict[int, list[str]] = {}
         for name, param in self.model.named_parameters(remove_duplicate=False):
             groups.setdefault(id(param), []).append(name)
         tied = {n for names in groups.values() if any(m in state_dict for m in names) for n in names}
-        absent = [k for k in missing if k not in tied]
+        absent = [k for k in served if k not in state_dict and k not in tied]
+        unexpected = [k for k in state_dict if k not in served]
         if absent or unexpected:
             raise RuntimeError(
                 f"the weights do not fit the served model: missing {absent[:5]}, unexpected {unexpected[:5]}"
             )
+        for name, value in state_dict.items():
+            if value.shape != served[name].shape:
+                raise RuntimeError(
+                    f"the weights do not fit the served model: {name} is {list(value.shape)} where the "
+                    f"served model's is {list(served[name].shape)}"
+                )
+        self.model.load_state_dict(state_dict, strict=False)
 
     async def health(self) -> bool:
         return self._worker is None or not self._worker.done()

@@ -1,5 +1,6 @@
 import asyncio
 import copy
+import re
 
 import pytest
 import torch
@@ -230,3 +231,63 @@ def test_preallocated_cache_layer_matches_concatenation_and_grows():
     assert torch.equal(got_k, torch.cat(keys, dim=2)[index]) and torch.equal(
         got_v, torch.cat(values, dim=2)[index]
     )
+
+
+@pytest.mark.parametrize("flaw", ["missing", "unexpected", "shape"])
+def test_weights_that_do_not_fit_are_refused_and_leave_the_served_ones_whole(tiny, flaw):
+    model, tok = tiny
+    engine = LocalEngine(copy.deepcopy(model))
+    served = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    weights = {k: v + 1.0 for k, v in tiny_chat_model(seed=1)[0].state_dict().items()}
+    key = "model.layers.0.mlp.down_proj.weight"
+    named = {
+        "missing": f"missing ['{key}']",
+        "unexpected": "unexpected ['extra.weight']",
+        "shape": f"{key} is {[*weights[key].shape[:-1], 3]} where the served model's is {list(weights[key].shape)}",
+    }[flaw]
+    if flaw == "missing":
+        del weights[key]
+    elif flaw == "unexpected":
+        weights["extra.weight"] = torch.zeros(2)
+    else:
+        weights[key] = weights[key][..., :3]
+
+    async def go():
+        with pytest.raises(RuntimeError, match=re.escape(named)):
+            await engine.update_weights(weights, version="bad")
+        assert engine.weight_version == "0"
+        # and the engine serves on
+        out = await engine.generate(
+            tok.encode("x", add_special_tokens=False), SamplingParams(max_new_tokens=2)
+        )
+        assert out.weight_version == "0"
+        await engine.close()
+
+    asyncio.run(go())
+    changed = [k for k, v in engine.model.state_dict().items() if not torch.equal(v, served[k])]
+    assert changed == []
+
+
+def test_a_bucket_of_a_broadcast_lands_whole_or_not_at_all(tiny):
+    model, _ = tiny
+    engine = LocalEngine(copy.deepcopy(model))
+    served = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    bucket = {
+        "model.norm.weight": torch.full_like(served["model.norm.weight"], 2.0),
+        "model.layers.0.mlp.down_proj.weight": torch.zeros(3, 3),
+    }
+
+    async def go():
+        with pytest.raises(
+            ValueError, match=r"model.layers.0.mlp.down_proj.weight \[3, 3\] \(served: \[64, 128\]\)"
+        ):
+            await engine.assign(bucket, version="bad")
+        with pytest.raises(KeyError, match="no tensors named \\['nope'\\]"):
+            await engine.assign({"nope": torch.zeros(1), "model.norm.weight": bucket["model.norm.weight"]})
+        assert engine.weight_version == "0"
+        assert await engine.assign({"model.norm.weight": bucket["model.norm.weight"]}, version="5") == "5"
+        await engine.close()
+
+    asyncio.run(go())
+    state = engine.model.state_dict()
+    assert [k for k in state if not torch.equal(state[k], served[k])] == ["model.norm.weight"]

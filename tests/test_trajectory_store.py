@@ -160,6 +160,39 @@ def test_kill_9_mid_write_loses_at_most_the_record_being_written(tmp_path):
     assert len(ds) == len(seeds_after)
 
 
+FILLER = """
+import resource, signal, sys
+from tests.test_trajectory_store import sample
+from agentrl.store import TrajectoryStore
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then returns short, as on a full disk
+store = TrajectoryStore(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000))
+for i in range(1000):
+    try:
+        store.append(sample(i))
+    except OSError as e:
+        print(i, e, flush=True)
+"""
+
+
+def test_a_full_disk_fails_the_append_that_does_not_fit_and_damages_nothing(tmp_path):
+    path = tmp_path / "s"
+    out = subprocess.run(
+        [sys.executable, "-c", FILLER, str(path)], capture_output=True, text=True, cwd=os.getcwd(), check=True
+    ).stdout.splitlines()
+    first = int(out[0].split()[0])
+    # from the first append that did not fit, each raises OSError, its partial write cut off again
+    assert first > 3 and [int(line.split()[0]) for line in out] == list(range(first, 1000))
+    assert all(line.endswith("is the disk full?") and " short write to " in line for line in out)
+    shard = next(path.glob("*.jsonl.gz"))
+    assert shard.stat().st_size < 4000  # the short write was cut off again
+    store = TrajectoryStore(path)
+    assert [t.seed for t in store.read()] == list(range(first))
+    store.append(sample(5000))
+    store.close()
+    assert [t.seed for t in TrajectoryStore(path).read()] == [*range(first), 5000]
+
+
 def test_one_writer_per_name(tmp_path):
     a = TrajectoryStore(tmp_path / "s")
     a.append(sample(0))

@@ -13,11 +13,12 @@ that could change how the verdict is reached instead of what is judged:
 - Python start-up hooks: ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``;
 - binary patches and symlinks (mode 120000); renames and copies (diffs are made with
   ``--no-renames``; one that has them was not made by agentrl);
-- sections that are not one file's edit as git writes it: a header that cannot be read or names
-  two files, ``---``/``+++`` lines naming another file than the header (``git apply`` and ``patch``
-  edit the file those lines name), hunks whose lines do not match their counts, anything after the
-  hunks (a ``---``/``+++`` pair there is another file's patch to both tools), and a patch before
-  the first ``diff --git`` line.
+- sections that could edit another file than the one their header names: a header that cannot
+  be read or names two files, ``---``/``+++`` lines naming another file than the header (``git
+  apply`` and ``patch`` edit the file those lines name), and, in hunks whose counts do not hold
+  (hand-written patches, which ``patch`` applies all the same), a line that is not a hunk's or a
+  ``---``/``+++`` pair (both tools read one that no count covers as another file's patch); and a
+  patch before the first ``diff --git`` line.
 
 The reward hacks this closes are those seen in the wild on SWE-style tasks: edited or added
 tests, a root ``conftest.py`` whose hook rewrites outcomes, pytest options from config files,
@@ -128,13 +129,53 @@ _EXTENDED = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "
 _HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
+def _counted(hunks: list[str]) -> bool:
+    """Whether ``hunks`` (a section's lines after its ``---``/``+++``) are hunks that hold exactly
+    the lines their headers count, as git writes them."""
+    i, n = 0, len(hunks)
+    while i < n:
+        hunk = _HUNK.match(hunks[i])
+        if hunk is None:
+            return False
+        old_left, new_left = int(hunk[1] or 1), int(hunk[2] or 1)
+        i += 1
+        while i < n and (old_left or new_left):
+            kind = hunks[i][0]
+            if kind in " \n":  # context; an empty line is one whose space was stripped
+                old_left, new_left = old_left - 1, new_left - 1
+            elif kind == "-":
+                old_left -= 1
+            elif kind == "+":
+                new_left -= 1
+            elif kind != "\\":  # "\ No newline at end of file"
+                return False
+            i += 1
+        if old_left or new_left:
+            return False
+        while i < n and hunks[i].startswith("\\"):
+            i += 1
+    return True
+
+
+def _stray(hunks: list[str]) -> str | None:
+    """In hunks whose counts do not hold (a hand-written patch; ``patch`` applies many of them, as
+    SWE-bench's harness does): what a tool could read as the start of another file's patch."""
+    for i, line in enumerate(hunks):
+        if not (_HUNK.match(line) or line[0] in " +-\\\n"):
+            return f"a line that is not a hunk's ({line.rstrip()[:60]!r})"
+        if line.startswith("--- ") and i + 1 < len(hunks) and hunks[i + 1].startswith("+++ "):
+            return "a ---/+++ pair among hunks whose counts do not hold (another file's patch, to git apply and patch)"
+    return None
+
+
 def _section_problem(lines: list[str], path: str) -> str | None:
-    """Why a file section of a patch (its lines after ``diff --git``) is not a plain edit of ``path``
-    as git writes one: extended header lines, ``---``/``+++`` naming that file, then hunks with as
-    many lines as their headers count. ``git apply`` and ``patch`` take the file to change from the
-    ``---``/``+++`` lines and read any such pair after the hunks as another file's patch, so a
-    section with another name there, or lines beyond its hunks, could edit a file that its header
-    does not name."""
+    """Why a file section of a patch (its lines after ``diff --git``) is not an edit of ``path`` only:
+    extended header lines as git writes them, ``---``/``+++`` naming that file, then hunks.
+
+    ``git apply`` and ``patch`` change the file that the ``---``/``+++`` lines name, whatever the
+    ``diff --git`` line says, and read a ``---``/``+++`` pair that no hunk's count covers as another
+    file's patch. So the pair must name the header's file, and in hunks whose counts do not hold
+    (which ``patch`` applies all the same) every line must be a hunk's, with no such pair."""
     i, n = 0, len(lines)
     while i < n and not lines[i].startswith(("--- ", "@@")):
         line = lines[i]
@@ -154,31 +195,10 @@ def _section_problem(lines: list[str], path: str) -> str | None:
     old, new = _file_name(lines[i], "--- "), _file_name(lines[i + 1], "+++ ")
     if old not in (f"a/{path}", "/dev/null") or new not in (f"b/{path}", "/dev/null") or old == new:
         return "---/+++ lines that name another file than its header"
-    i += 2
-    if i == n:
+    hunks = lines[i + 2 :]
+    if not hunks:
         return "---/+++ lines without hunks"
-    while i < n:
-        hunk = _HUNK.match(lines[i])
-        if hunk is None:
-            return "lines after its hunks (git apply and patch read a ---/+++ pair there as another file's)"
-        old_left, new_left = int(hunk[1] or 1), int(hunk[2] or 1)
-        i += 1
-        while i < n and (old_left or new_left):
-            kind = lines[i][0]
-            if kind in " \n":  # context; an empty line is one whose space was stripped
-                old_left, new_left = old_left - 1, new_left - 1
-            elif kind == "-":
-                old_left -= 1
-            elif kind == "+":
-                new_left -= 1
-            elif kind != "\\":  # "\ No newline at end of file"
-                break
-            i += 1
-        if old_left or new_left:
-            return "a hunk whose lines do not match its header's counts"
-        while i < n and lines[i].startswith("\\"):
-            i += 1
-    return None
+    return None if _counted(hunks) else _stray(hunks)
 
 
 def split_patch(patch: str) -> list[FileDiff]:

@@ -15,10 +15,12 @@ that could change how the verdict is reached instead of what is judged:
   ``--no-renames``; one that has them was not made by agentrl);
 - sections that could edit another file than the one their header names: a header that cannot
   be read or names two files, ``---``/``+++`` lines naming another file than the header (``git
-  apply`` and ``patch`` edit the file those lines name), and, in hunks whose counts do not hold
-  (hand-written patches, which ``patch`` applies all the same), a line that is not a hunk's or a
-  ``---``/``+++`` pair (both tools read one that no count covers as another file's patch); and a
-  patch before the first ``diff --git`` line.
+  apply`` and ``patch`` edit the file those lines name), and hunks whose counts are not met (which
+  ``patch`` applies all the same) holding a line that is not a hunk's or a ``---``/``+++`` pair.
+
+A section passes on only its hunks, up to where their counts end (both tools read them alike);
+a ``---``/``+++`` pair after them starts another file's patch, filtered as any other, as do the
+pairs of a plain ``diff -u`` patch with no ``diff --git`` line. Other text is left out.
 
 The reward hacks this closes are those seen in the wild on SWE-style tasks: edited or added
 tests, a root ``conftest.py`` whose hook rewrites outcomes, pytest options from config files,
@@ -49,7 +51,8 @@ class FileDiff:
     path: str
     """The file's path relative to the tree (the new path; the old one for a deletion); "" if unreadable."""
     text: str
-    """The whole section, from its ``diff --git`` line."""
+    """The section as it is passed on: from its ``diff --git`` line (or its ``---``/``+++`` pair, in a
+    plain unified diff) to the end of its hunks."""
     problem: str | None = None
     """Why the section cannot be applied as an edit of a text file (binary, symlink, rename, ...)."""
 
@@ -129,18 +132,16 @@ _EXTENDED = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "
 _HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
-def _counted(hunks: list[str]) -> bool:
-    """Whether ``hunks`` (a section's lines after its ``---``/``+++``) are hunks that hold exactly
-    the lines their headers count, as git writes them."""
-    i, n = 0, len(hunks)
-    while i < n:
-        hunk = _HUNK.match(hunks[i])
-        if hunk is None:
-            return False
+def _counted_end(lines: list[str], i: int) -> int | None:
+    """Where the hunks from ``lines[i]`` on end when each holds the lines its header counts (its
+    ``\\ No newline`` markers too): that is how ``git apply`` and ``patch`` read them. None when one
+    runs out of lines, or meets a line that is not a hunk's, before its count is met."""
+    n = len(lines)
+    while i < n and (hunk := _HUNK.match(lines[i])):
         old_left, new_left = int(hunk[1] or 1), int(hunk[2] or 1)
         i += 1
         while i < n and (old_left or new_left):
-            kind = hunks[i][0]
+            kind = lines[i][0]
             if kind in " \n":  # context; an empty line is one whose space was stripped
                 old_left, new_left = old_left - 1, new_left - 1
             elif kind == "-":
@@ -148,63 +149,105 @@ def _counted(hunks: list[str]) -> bool:
             elif kind == "+":
                 new_left -= 1
             elif kind != "\\":  # "\ No newline at end of file"
-                return False
+                return None
             i += 1
         if old_left or new_left:
-            return False
-        while i < n and hunks[i].startswith("\\"):
+            return None
+        while i < n and lines[i].startswith("\\"):
             i += 1
-    return True
+    return i
 
 
-def _stray(hunks: list[str]) -> str | None:
-    """In hunks whose counts do not hold (a hand-written patch; ``patch`` applies many of them, as
-    SWE-bench's harness does): what a tool could read as the start of another file's patch."""
-    for i, line in enumerate(hunks):
-        if not (_HUNK.match(line) or line[0] in " +-\\\n"):
-            return f"a line that is not a hunk's ({line.rstrip()[:60]!r})"
-        if line.startswith("--- ") and i + 1 < len(hunks) and hunks[i + 1].startswith("+++ "):
-            return "a ---/+++ pair among hunks whose counts do not hold (another file's patch, to git apply and patch)"
+def _stray(lines: list[str], i: int) -> str | None:
+    """In hunks whose counts are not met (a hand-written patch's; ``patch`` applies many of them, as
+    SWE-bench's harness does), from ``lines[i]`` on: what could start another file's patch."""
+    for j in range(i, len(lines)):
+        if not (_HUNK.match(lines[j]) or lines[j][0] in " +-\\\n"):
+            return f"a line that is not a hunk's ({lines[j].rstrip()[:60]!r})"
+        if _pair(lines, j):
+            return "a ---/+++ pair among hunks whose counts are not met (another file's patch, to patch)"
     return None
 
 
-def _section_problem(lines: list[str], path: str) -> str | None:
-    """Why a file section of a patch (its lines after ``diff --git``) is not an edit of ``path`` only:
-    extended header lines as git writes them, ``---``/``+++`` naming that file, then hunks.
+def _pair(lines: list[str], i: int) -> bool:
+    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
 
-    ``git apply`` and ``patch`` change the file that the ``---``/``+++`` lines name, whatever the
-    ``diff --git`` line says, and read a ``---``/``+++`` pair that no hunk's count covers as another
-    file's patch. So the pair must name the header's file, and in hunks whose counts do not hold
-    (which ``patch`` applies all the same) every line must be a hunk's, with no such pair."""
-    i, n = 0, len(lines)
+
+def _pair_path(old: str | None, new: str | None) -> str | None:
+    """The one file a ``---``/``+++`` pair names (a new or deleted file by its other side)."""
+    if old == "/dev/null" and new and new.startswith("b/"):
+        return new[2:]
+    if new == "/dev/null" and old and old.startswith("a/"):
+        return old[2:]
+    if old and new and old.startswith("a/") and new.startswith("b/") and old[2:] == new[2:]:
+        return old[2:]
+    return None
+
+
+def _unified(head: str, lines: list[str], i: int, path: str | None) -> tuple[FileDiff, int]:
+    """One file's patch from its ``---``/``+++`` pair at ``lines[i]``, after ``head`` (its ``diff
+    --git`` header, or nothing); and where the lines after its hunks start.
+
+    ``git apply`` and ``patch`` change the file the pair names, so it must name ``path`` (the
+    header's; without a header it names the file). The section keeps only hunks whose counts are
+    met, which both tools read alike; what follows them is for ``_plain`` to read another file's
+    patch from. Hunks whose counts are not met (``patch`` may apply them) are kept, to the end of
+    the lines, only when nothing in them could start another file's patch."""
+    n = len(lines)
+    named = _pair_path(_file_name(lines[i], "--- "), _file_name(lines[i + 1], "+++ "))
+    if named is None or (path is not None and named != path):
+        what = "name another file than its header" if path is not None else "do not name one file"
+        return FileDiff(path or "", head + "".join(lines[i:]), f"---/+++ lines that {what}"), n
+    end = _counted_end(lines, i + 2)
+    if end is None:
+        return FileDiff(named, head + "".join(lines[i:]), _stray(lines, i + 2)), n
+    if end == i + 2:
+        return FileDiff(named, head + "".join(lines[i:]), "---/+++ lines without hunks"), n
+    return FileDiff(named, head + "".join(lines[i:end])), end
+
+
+def _plain(lines: list[str], i: int = 0) -> list[FileDiff]:
+    """The file patches in ``lines[i:]`` that have no ``diff --git`` line (a plain ``diff -u``, or
+    what follows a section's hunks), each from a ``---``/``+++`` pair; other lines are no patch's and
+    are left out."""
+    files = []
+    while i < len(lines):
+        if _pair(lines, i):
+            section, i = _unified("", lines, i, None)
+            files.append(section)
+        else:
+            i += 1
+    return files
+
+
+def _git_section(lines: list[str], path: str) -> list[FileDiff]:
+    """A ``diff --git`` section of ``path`` (``lines``, from that line on): its extended header as git
+    writes it, then the file's patch (and any other file's patch after its hunks)."""
+    i, n = 1, len(lines)
     while i < n and not lines[i].startswith(("--- ", "@@")):
-        line = lines[i]
+        line, problem = lines[i], None
         if line.startswith(("rename from", "rename to", "copy from", "copy to")):
-            return "a rename or copy"
-        if line.startswith(("GIT binary patch", "Binary files")):
-            return "a binary patch"
-        if line.startswith(_MODE_LINES) and line.split()[-1] == "120000":
-            return "a symlink"
-        if not line.startswith(_EXTENDED):
-            return "a header line git does not write"
+            problem = "a rename or copy"
+        elif line.startswith(("GIT binary patch", "Binary files")):
+            problem = "a binary patch"
+        elif line.startswith(_MODE_LINES) and line.split()[-1] == "120000":
+            problem = "a symlink"
+        elif not line.startswith(_EXTENDED):
+            problem = "a header line git does not write"
+        if problem:
+            return [FileDiff(path, "".join(lines), problem)]
         i += 1
     if i == n:
-        return None  # a mode change, or an empty file made or removed
-    if not lines[i].startswith("--- ") or i + 1 == n or not lines[i + 1].startswith("+++ "):
-        return "hunks without the ---/+++ lines that name their file"
-    old, new = _file_name(lines[i], "--- "), _file_name(lines[i + 1], "+++ ")
-    if old not in (f"a/{path}", "/dev/null") or new not in (f"b/{path}", "/dev/null") or old == new:
-        return "---/+++ lines that name another file than its header"
-    hunks = lines[i + 2 :]
-    if not hunks:
-        return "---/+++ lines without hunks"
-    return None if _counted(hunks) else _stray(hunks)
+        return [FileDiff(path, "".join(lines))]  # a mode change, or an empty file made or removed
+    if not _pair(lines, i):
+        return [FileDiff(path, "".join(lines), "hunks without the ---/+++ lines that name their file")]
+    section, rest = _unified("".join(lines[:i]), lines, i, path)
+    return [section, *_plain(lines, rest)]
 
 
 def split_patch(patch: str) -> list[FileDiff]:
-    """The file sections of a git patch, each with its path and what makes it unappliable or not a
-    plain edit of that one file (if anything). Text before the first section is part of none; when it
-    holds a patch of its own (``---``/``+++`` or hunk lines), that text is a section with no path."""
+    """The file sections of a git patch (or a plain unified diff), each with its path and what makes
+    it unappliable, or able to change another file than that path (if anything)."""
     sections: list[list[str]] = []
     before: list[str] = []
     for line in _lines(patch):
@@ -214,16 +257,13 @@ def split_patch(patch: str) -> list[FileDiff]:
             sections[-1].append(line)
         else:
             before.append(line)
-    files = []
-    if any(line.startswith(("--- ", "+++ ", "@@ ")) for line in before):
-        files.append(FileDiff("", "".join(before), "a patch before the first diff --git line (not git's)"))
+    files = _plain(before)
     for lines in sections:
-        text = "".join(lines)
         paths = _header_paths(lines[0].rstrip("\n"))
         if paths is None:
-            files.append(FileDiff("", text, "its header cannot be read"))
-            continue
-        files.append(FileDiff(paths[1], text, _section_problem(lines[1:], paths[1])))
+            files.append(FileDiff("", "".join(lines), "its header cannot be read"))
+        else:
+            files.extend(_git_section(lines, paths[1]))
     return files
 
 

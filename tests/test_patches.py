@@ -149,54 +149,84 @@ def test_a_library_of_one_module_keeps_its_edits():
 
 TEST_EDIT = "@@ -1,2 +1,2 @@\n def test():\n-    assert False\n+    pass\n"
 SOURCE_EDIT = "--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
-STRAY = "a ---/+++ pair among hunks whose counts do not hold (another file's patch, to git apply and patch)"
+TEST_PAIR = "--- a/tests/test_a.py\n+++ b/tests/test_a.py\n"
+STRAY = "a ---/+++ pair among hunks whose counts are not met (another file's patch, to patch)"
 
 
 @pytest.mark.parametrize(
-    "forged,why",
+    "forged,kept_source,why",
     [
         # the header names the source; the ---/+++ lines, which git apply follows, a test
         (
-            "diff --git a/pkg/a.py b/pkg/a.py\n--- a/tests/test_a.py\n+++ b/tests/test_a.py\n" + TEST_EDIT,
-            "---/+++ lines that name another file than its header",
+            "diff --git a/pkg/a.py b/pkg/a.py\n" + TEST_PAIR + TEST_EDIT,
+            False,
+            ("pkg/a.py", "---/+++ lines that name another file than its header"),
         ),
-        # a second file's patch after the source edit's hunk, inside its section
+        # a second file's patch after the source edit's hunk, inside its section: read as its own
         (
-            "diff --git a/pkg/a.py b/pkg/a.py\n"
-            + SOURCE_EDIT
-            + "--- a/tests/test_a.py\n+++ b/tests/test_a.py\n"
-            + TEST_EDIT,
-            STRAY,
+            "diff --git a/pkg/a.py b/pkg/a.py\n" + SOURCE_EDIT + TEST_PAIR + TEST_EDIT,
+            True,
+            ("tests/test_a.py", "a test file"),
         ),
         # quoted headers naming two files: a rename without rename lines
         (
             'diff --git "a/tests/test_a.py" "b/pkg/a.py"\n--- a/tests/test_a.py\n+++ b/pkg/a.py\n'
             + TEST_EDIT,
-            "its header cannot be read",
+            False,
+            ('diff --git "a/tests/test_a.py" "b/pkg/a.py"', "its header cannot be read"),
         ),
         (
             'diff --git a/tests/test_a.py "b/pkg/a.py"\n--- a/tests/test_a.py\n+++ b/pkg/a.py\n' + TEST_EDIT,
-            "its header cannot be read",
+            False,
+            ('diff --git a/tests/test_a.py "b/pkg/a.py"', "its header cannot be read"),
         ),
         # a rename whose header names one file
         (
             "diff --git a/pkg/a.py b/pkg/a.py\nrename from tests/test_a.py\nrename to pkg/a.py\n",
-            "a rename or copy",
+            False,
+            ("pkg/a.py", "a rename or copy"),
         ),
-        # a plain diff before any git section
+        # a plain diff (no diff --git line) of a test, after prose, before a git section of the source
         (
-            "--- a/tests/test_a.py\n+++ b/tests/test_a.py\n" + TEST_EDIT,
-            "a patch before the first diff --git line (not git's)",
+            "Here is my fix.\n" + TEST_PAIR + TEST_EDIT + "diff --git a/pkg/a.py b/pkg/a.py\n" + SOURCE_EDIT,
+            True,
+            ("tests/test_a.py", "a test file"),
         ),
     ],
 )
-def test_a_forged_section_cannot_edit_a_file_its_header_does_not_name(repo, forged, why):
-    check = subprocess.run(
+def test_a_forged_section_cannot_edit_a_file_its_header_does_not_name(repo, forged, kept_source, why):
+    tried = subprocess.run(
         ["git", "apply", "--check", "-v"], cwd=repo, input=forged.encode(), capture_output=True
     )
-    assert b"tests/test_a.py" in check.stderr  # what git apply would have touched
+    assert b"tests/test_a.py" in tried.stderr  # what git apply would have touched
     kept, dropped = filter_patch(forged, ["pkg"])
-    assert kept == "" and [reason for _, reason in dropped] == [why]
+    assert dropped == [why]
+    assert kept == ("diff --git a/pkg/a.py b/pkg/a.py\n" + SOURCE_EDIT if kept_source else "")
+    if kept:  # what is kept touches the source only, and applies
+        applied = subprocess.run(
+            ["git", "apply", "-v"], cwd=repo, input=kept.encode(), capture_output=True, check=True
+        )
+        assert b"tests/" not in applied.stderr and (repo / "pkg" / "a.py").read_text() == "x = 2\n"
+
+
+def test_a_plain_unified_diff_is_read_file_by_file(repo):
+    """What a model may submit: ``diff -u`` output with no ``diff --git`` lines, a new file among the
+    edits, prose around them (left out)."""
+    plain = (
+        "The fix:\n"
+        + SOURCE_EDIT
+        + "and a helper\n--- /dev/null\n+++ b/pkg/helper.py\n@@ -0,0 +1 @@\n+h = 1\n"
+        + TEST_PAIR
+        + TEST_EDIT
+        + "Done.\n"
+    )
+    kept, dropped = filter_patch(plain, ["pkg"])
+    assert dropped == [("tests/test_a.py", "a test file")]
+    assert kept == SOURCE_EDIT + "--- /dev/null\n+++ b/pkg/helper.py\n@@ -0,0 +1 @@\n+h = 1\n"
+    subprocess.run(["git", "apply"], cwd=repo, input=kept.encode(), check=True)
+    assert (repo / "pkg" / "helper.py").read_text() == "h = 1\n" and (
+        repo / "pkg" / "a.py"
+    ).read_text() == "x = 2\n"
 
 
 NAMES = "--- a/pkg/a.py\n+++ b/pkg/a.py\n"
@@ -208,14 +238,23 @@ NAMES = "--- a/pkg/a.py\n+++ b/pkg/a.py\n"
         ("@@ -1 +1 @@\n-x = 1\n+x = 2\n", "hunks without the ---/+++ lines that name their file"),
         ("similarity index 90%\n" + SOURCE_EDIT, "a header line git does not write"),
         (NAMES, "---/+++ lines without hunks"),
-        (NAMES + "@@ -1 +1 @@\n-x = 1\n+x = 2\nsome text\n", "a line that is not a hunk's ('some text')"),
-        # a count one short, then another file's patch, which patch would apply
-        (NAMES + "@@ -1 +1 @@\n x = 0\n-x = 1\n+x = 2\n--- a/pkg/b.py\n+++ b/pkg/b.py\n+y\n", STRAY),
+        (NAMES + "@@ -1,3 +1,3 @@\n-x = 1\n+x = 2\nsome text\n", "a line that is not a hunk's ('some text')"),
+        (
+            "--- a/pkg/a.py\n+++ b/pkg/b.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n",
+            "---/+++ lines that name another file than its header",
+        ),
+        # a count past the hunk's lines, then another file's patch: where it starts is the tools' guess
+        (NAMES + "@@ -1,9 +1,9 @@\n-x = 1\n+x = 2\n" + TEST_PAIR + TEST_EDIT, STRAY),
     ],
 )
 def test_sections_that_could_edit_another_file_or_that_git_would_not_write_are_dropped(body, why):
     kept, dropped = filter_patch("diff --git a/pkg/a.py b/pkg/a.py\n" + body, ["pkg"])
     assert kept == "" and dropped == [("pkg/a.py", why)]
+
+
+def test_text_after_a_sections_counted_hunks_is_left_out():
+    section = "diff --git a/pkg/a.py b/pkg/a.py\n" + SOURCE_EDIT
+    assert filter_patch(section + "some text\n-- \n2.39.5\n", ["pkg"]) == (section, [])
 
 
 def test_empty_context_lines_and_no_newline_markers_count_as_git_apply_counts_them(tmp_path):
@@ -232,26 +271,34 @@ def test_empty_context_lines_and_no_newline_markers_count_as_git_apply_counts_th
     assert (tmp_path / "pkg" / "a.py").read_text() == "\nx = 2"
 
 
-def test_hand_written_hunks_whose_counts_do_not_hold_are_left_to_patch_as_swebench_leaves_them(tmp_path):
+def test_hand_written_hunks_whose_counts_are_not_met_are_left_to_patch_as_swebench_leaves_them(tmp_path):
     """A model's patch often miscounts its hunks: git apply refuses it and ``patch`` applies it
-    (SWE-bench's harness falls back to it, and so do the graders here); nothing in it can reach
-    another file, so it is kept."""
+    (SWE-bench's harness falls back to it, and so do the graders here). What is kept applies with
+    ``patch`` to the same file as the whole would: a count one short ends the hunk where both tools
+    end it, one past the hunk's lines is kept whole (nothing in it could start another patch)."""
     if shutil.which("patch") is None:
         pytest.skip("GNU patch is not installed here (apt-get install patch)")
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "x.py").write_text("a\nb\nc\nd\n")
-    git(tmp_path, "init", "-q")
-    for counts in ("-1,2 +1,2", "-1,4 +1,4"):  # one line short of what follows, one past it
-        sloppy = f"diff --git a/pkg/x.py b/pkg/x.py\n--- a/pkg/x.py\n+++ b/pkg/x.py\n@@ {counts} @@\n a\n-b\n+B\n c\n"
-        assert filter_patch(sloppy, ["pkg"]) == (sloppy, [])
-        refused = subprocess.run(
-            ["git", "apply", "--check"], cwd=tmp_path, input=sloppy.encode(), capture_output=True
-        )
-        assert refused.returncode != 0
-        subprocess.run(
-            ["patch", "-p1", "--dry-run", "--batch", "--fuzz=2"],
-            cwd=tmp_path,
-            input=sloppy.encode(),
-            check=True,
-            capture_output=True,
-        )
+    header = "diff --git a/pkg/x.py b/pkg/x.py\n--- a/pkg/x.py\n+++ b/pkg/x.py\n"
+    for counts, trimmed in (("-1,2 +1,2", True), ("-1,4 +1,4", False)):
+        sloppy = f"{header}@@ {counts} @@\n a\n-b\n+B\n c\n"
+        kept, dropped = filter_patch(sloppy, ["pkg"])
+        assert dropped == [] and kept == (sloppy.removesuffix(" c\n") if trimmed else sloppy)
+        results = []
+        for text in (sloppy, kept):
+            tree = tmp_path / f"{counts}-{len(results)}"
+            (tree / "pkg").mkdir(parents=True)
+            (tree / "pkg" / "x.py").write_text("a\nb\nc\nd\n")
+            git(tree, "init", "-q")
+            refused = subprocess.run(
+                ["git", "apply", "--check"], cwd=tree, input=sloppy.encode(), capture_output=True
+            )
+            assert refused.returncode != 0
+            subprocess.run(
+                ["patch", "-p1", "--batch", "--fuzz=2"],
+                cwd=tree,
+                input=text.encode(),
+                check=True,
+                capture_output=True,
+            )
+            results.append((tree / "pkg" / "x.py").read_text())
+        assert results[0] == results[1] == "a\nB\nc\nd\n"

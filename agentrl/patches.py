@@ -112,13 +112,14 @@ def _header_paths(line: str) -> tuple[str, str] | None:
 
 
 def _file_name(line: str, marker: str) -> str | None:
-    """The name on a ``--- NAME`` or ``+++ NAME`` line (git quotes an odd one, and ends one holding a
-    space with a tab); None when it cannot be read."""
+    """The name on a ``--- NAME`` or ``+++ NAME`` line, up to a tab (``diff -u`` writes the file's
+    time after one; git ends a name holding a space with one, and quotes an odd name); None when it
+    cannot be read."""
     rest = line[len(marker) :].rstrip("\n")
     if rest.startswith('"'):
         quoted = _unquote(rest)
-        return quoted[0] if quoted is not None and not quoted[1] else None
-    return rest[:-1] if rest.endswith("\t") and " " in rest else rest
+        return quoted[0] if quoted is not None and quoted[1][:1] in ("", "\t") else None
+    return rest.split("\t", 1)[0]
 
 
 def _lines(text: str) -> list[str]:

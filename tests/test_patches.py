@@ -302,3 +302,22 @@ def test_hand_written_hunks_whose_counts_are_not_met_are_left_to_patch_as_sweben
             )
             results.append((tree / "pkg" / "x.py").read_text())
         assert results[0] == results[1] == "a\nB\nc\nd\n"
+
+
+def test_a_diff_u_of_two_trees_is_read_with_its_file_times(repo, tmp_path):
+    """GNU diff's own output (``diff -ruN a b``): each file's time after a tab on its ---/+++ lines,
+    and a ``diff -ruN`` line before each file, which is left out."""
+    for side, text in (("a", "x = 1\n"), ("b", "x = 2\n")):
+        (tmp_path / side / "pkg").mkdir(parents=True)
+        (tmp_path / side / "pkg" / "a.py").write_text(text)
+        (tmp_path / side / "tests").mkdir()
+        (tmp_path / side / "tests" / "test_a.py").write_text(
+            "def test():\n    assert " + ("False\n" if side == "a" else "True\n")
+        )
+    made = subprocess.run(["diff", "-ruN", "a", "b"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 1 and "\t" in made.stdout.splitlines()[1]  # the file's time
+    kept, dropped = filter_patch(made.stdout, ["pkg"])
+    assert dropped == [("tests/test_a.py", "a test file")] and not kept.startswith("diff -ruN")
+    subprocess.run(["git", "apply"], cwd=repo, input=kept.encode(), check=True)
+    assert (repo / "pkg" / "a.py").read_text() == "x = 2\n"
+    assert (repo / "tests" / "test_a.py").read_text() == "def test():\n    assert False\n"

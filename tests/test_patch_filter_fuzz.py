@@ -60,9 +60,7 @@ def forged(rng: random.Random) -> str:
 
 
 def touched_by_git(patch: str, tree) -> set[str]:
-    out = subprocess.run(
-        ["git", "apply", "--numstat"], cwd=tree, input=patch, capture_output=True, text=True
-    )
+    out = subprocess.run(["git", "apply", "--numstat"], cwd=tree, input=patch, capture_output=True, text=True)
     return {line.split("\t")[2] for line in out.stdout.splitlines() if line.count("\t") == 2}
 
 

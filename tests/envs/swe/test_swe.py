@@ -474,3 +474,34 @@ def test_swe_counts_below_their_minimum_are_usage_errors(capsys, argv):
     with pytest.raises(SystemExit) as stopped:
         main(["swe", *argv])
     assert stopped.value.code == 2 and "pass " in capsys.readouterr().err
+
+
+def test_swe_grade_reads_a_plain_diff_and_drops_a_test_edit_smuggled_into_a_section(dataset):
+    """Predictions as models write them: a ``diff -u`` with no ``diff --git`` line, after prose, is
+    graded as SWE-bench grades it; a test file's ---/+++ pair inside the fix's section is dropped
+    (git apply would edit that test) while the fix beside it is graded."""
+    from agentrl.cli import main
+
+    folder, sha = dataset
+    gold = row(sha)["patch"]
+    plain = "Here is the fix:\n" + gold.split("\n", 1)[1]
+    smuggled_edit = (
+        "--- a/tests/test_clamp.py\n+++ b/tests/test_clamp.py\n@@ -1,2 +1,2 @@\n"
+        "-from mini import clamp\n+from mini import clamp  # edited\n \n"
+    )
+    rows = write_rows(folder, [row(sha), row(sha, instance_id="smuggled")])
+    predictions = folder / "preds.jsonl"
+    predictions.write_text(
+        json.dumps({"instance_id": "pypi__mini-1.0__add", "model_patch": plain})
+        + "\n"
+        + json.dumps({"instance_id": "smuggled", "model_patch": gold + smuggled_edit})
+        + "\n"
+    )
+    report = folder / "report.json"
+    argv = ["swe", "grade", str(rows), "--predictions", str(predictions), "--report", str(report)]
+    assert main([*argv, "--sandbox", "local"]) == 0
+    graded = json.loads(report.read_text())
+    plain_report, smuggled_report = graded["pypi__mini-1.0__add"], graded["smuggled"]
+    assert plain_report["resolved"] is True and plain_report["dropped_paths"] == []
+    assert smuggled_report["resolved"] is True
+    assert smuggled_report["dropped_paths"] == ["tests/test_clamp.py (a test file)"]

@@ -129,7 +129,8 @@ def _lines(text: str) -> list[str]:
     return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-_EXTENDED = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "index ")
+# the extended header lines git writes, bar renames and binaries
+_EXTENDED = (*(f"{m} " for m in _MODE_LINES), "index ")
 _HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 

@@ -381,7 +381,10 @@ def kl_penalty(
     check_finite("logp", logp)
     check_finite("ref_logp", ref_logp)
     trainable = as_bool_mask(mask)
-    log_r = ref_logp.detach().to(logp.dtype) - logp
+    # Zeroed off the mask before the estimator: a prompt or tool-output token the policy now finds far
+    # less likely than the reference would overflow exp, and the zero that masks it afterwards would
+    # still pass 0 * inf = NaN back into logp's gradient.
+    log_r = torch.where(trainable, ref_logp.detach().to(logp.dtype) - logp, torch.zeros_like(logp))
     if kind == "k1":
         kl = -log_r
     elif kind == "k2":

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from agentrl.algo import group_advantages, icepop_weights, kl_penalty
+from agentrl.algo.losses import KL_KINDS
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 5.0, 2.0, 2.0], dtype=torch.float64)
 GROUPS = torch.tensor([7, 7, 7, 7, 3, 9, 9])  # ids need not be 0..G-1
@@ -90,6 +91,20 @@ def test_kl_penalty_estimators_hand_derived():
         assert m["kl_mean"] == pytest.approx(value, rel=1e-6)
     with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
         kl_penalty(logp, ref, mask, "k4")
+
+
+def test_kl_penalty_gradient_stays_finite_past_a_masked_token_far_from_the_reference():
+    # The last token is a tool observation (mask 0) that the policy now finds e^94 times less likely
+    # than the reference: exp(ref_logp - logp) overflows there, and masking afterwards would leave
+    # 0 * inf = NaN in logp's gradient. Off the mask the gradient is exactly 0.
+    logp = torch.tensor([[-1.1, -0.9, -95.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0, -0.5]])
+    mask = torch.tensor([[1, 1, 0]])
+    for kind in KL_KINDS:
+        kl, _ = kl_penalty(logp, ref, mask, kind)
+        (grad,) = torch.autograd.grad(kl.sum(), logp)
+        assert torch.isfinite(grad).all(), (kind, grad)
+        assert grad[0, 2].item() == 0.0 and grad[0, 0].item() != 0.0
 
 
 def test_uniform_group_is_exactly_zero_even_with_rounding():

@@ -104,6 +104,7 @@ class MegatronBackend(Updates):
         warmup_steps: int = 0,
         schedule: str = "constant",
         total_steps: int = 1000,
+        critic_total_steps: int | None = None,
         grad_clip: float = 1.0,
         epochs: int = 1,
         critic_epochs: int | None = None,
@@ -171,7 +172,9 @@ class MegatronBackend(Updates):
         # Built, not deep-copied: megatron-core's modules hold process groups, which do not copy.
         self.reference = self._gpt(hf_state, value=False).eval().requires_grad_(False) if reference else None
         self.budget, self.chunk, self.grad_clip = micro_token_budget, logprob_chunk, grad_clip
-        critic_total = self._set_update_order(epochs, critic_epochs, minibatches, seed, total_steps)
+        critic_total = self._set_update_order(
+            epochs, critic_epochs, minibatches, seed, total_steps, critic_total_steps
+        )
         self.sharded = distributed_optimizer
         self.actor_opt, self.actor_sched = self._optimizer(
             self.policy, actor_lr, weight_decay, adam_eps, warmup_steps, schedule, total_steps

@@ -196,6 +196,7 @@ class TorchBackend(Updates):
         warmup_steps: int = 0,
         schedule: str = "constant",
         total_steps: int = 1000,
+        critic_total_steps: int | None = None,
         grad_clip: float = 1.0,
         epochs: int = 1,
         critic_epochs: int | None = None,
@@ -228,7 +229,9 @@ class TorchBackend(Updates):
         self.autocast = dtype == "bfloat16"
         # the LM head's logits stay fp32; in a bf16 run on CUDA they come from TF32 products
         self.tf32 = self.autocast and self.device.type == "cuda"
-        critic_total = self._set_update_order(epochs, critic_epochs, minibatches, seed, total_steps)
+        critic_total = self._set_update_order(
+            epochs, critic_epochs, minibatches, seed, total_steps, critic_total_steps
+        )
         self.actor_opt = torch.optim.AdamW(
             policy.parameters(), lr=actor_lr, weight_decay=weight_decay, eps=adam_eps
         )

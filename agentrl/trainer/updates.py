@@ -94,10 +94,12 @@ def mean_metrics(history: list[dict[str, float]], prefix: str = "") -> dict[str,
 
 
 def backend_settings(cfg) -> dict[str, Any]:
-    """The keyword arguments both backends take from a ``TrainConfig``: the ``optim`` section (the
-    schedule spans the run's iterations), ``algo.kl_coef`` (a reference model), ``algo.critic`` and
-    the run's seed."""
+    """The keyword arguments both backends take from a ``TrainConfig``: the ``optim`` section (each
+    schedule spans the optimizer steps its model takes over the run: the actor takes none in the
+    ``algo.critic_warmup`` iterations), ``algo.kl_coef`` (a reference model), ``algo.critic`` and the
+    run's seed."""
     o = cfg.optim
+    actor_iterations = max(1, cfg.run.iterations - cfg.algo.critic_warmup)
     return {
         "actor_lr": o.actor_lr,
         "critic_lr": o.critic_lr,
@@ -105,7 +107,8 @@ def backend_settings(cfg) -> dict[str, Any]:
         "adam_eps": o.adam_eps,
         "warmup_steps": o.warmup_steps,
         "schedule": o.schedule,
-        "total_steps": cfg.run.iterations * o.epochs * o.minibatches,
+        "total_steps": actor_iterations * o.epochs * o.minibatches,
+        "critic_total_steps": cfg.run.iterations * (o.critic_epochs or o.epochs) * o.minibatches,
         "grad_clip": o.grad_clip,
         "epochs": o.epochs,
         "critic_epochs": o.critic_epochs,
@@ -197,15 +200,23 @@ class Updates:
         return losses
 
     def _set_update_order(
-        self, epochs: int, critic_epochs: int | None, minibatches: int, seed: int, total_steps: int
+        self,
+        epochs: int,
+        critic_epochs: int | None,
+        minibatches: int,
+        seed: int,
+        total_steps: int,
+        critic_total_steps: int | None = None,
     ) -> int:
         """Set what the shared calls read: passes over a batch (the critic's own number, by default
         the actor's), minibatches per pass and the generator that draws them. Returns the critic's
-        optimizer steps over the run, for its schedule: ``critic_epochs / epochs`` times the actor's
-        ``total_steps``."""
+        optimizer steps over the run, for its schedule: ``critic_total_steps`` when given, else
+        ``critic_epochs / epochs`` times the actor's ``total_steps``."""
         self.epochs, self.minibatches = epochs, minibatches
         self.critic_epochs = critic_epochs or epochs
         self.generator = torch.Generator().manual_seed(seed)
+        if critic_total_steps is not None:
+            return max(1, critic_total_steps)
         return max(1, total_steps * self.critic_epochs // epochs)
 
     def _minibatches(self, batch: Batch, minibatches: int) -> list[list[int]]:

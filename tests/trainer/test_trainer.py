@@ -23,6 +23,7 @@ from agentrl.trainer.backend import Batch, LossConfig
 from agentrl.trainer.checkpoint import Checkpoints
 from agentrl.trainer.phases import token_weights
 from agentrl.trainer.torch_backend import TorchBackend
+from agentrl.trainer.updates import backend_settings
 from agentrl.trajectory import Trajectory, TurnSpan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -525,6 +526,27 @@ def test_critic_epochs_set_the_critic_steps_and_its_schedule_spans_them():
     backend = TorchBackend(model, epochs=1, minibatches=3, schedule="cosine", total_steps=6, critic_lr=1e-3)
     backend.train_critic(batch, LossConfig(value_clip=None))
     assert backend.critic_sched.get_last_lr()[0] == pytest.approx(5e-4)  # default: the actor's epochs
+
+
+def test_the_actors_schedule_spans_the_iterations_after_the_critics_warmup():
+    # 4 iterations, the first 2 critic-only: the actor steps twice, and its cosine must reach 0 then
+    overrides = ["run.iterations=4", "algo.critic_warmup=2", "optim.schedule=cosine", "optim.epochs=1"]
+    settings = backend_settings(load_config(TrainConfig, None, [*overrides, "optim.minibatches=1"]))
+    assert (settings["total_steps"], settings["critic_total_steps"]) == (2, 4)
+    model, _ = tiny_chat_model(seed=5)
+    keep = ("schedule", "total_steps", "critic_total_steps", "epochs", "minibatches")
+    backend = TorchBackend(model, actor_lr=1e-3, critic_lr=1e-3, **{k: settings[k] for k in keep})
+    batch = synthetic_batch()
+    batch.old_logprobs = backend.logprobs(batch)
+    batch.old_values = backend.values(batch)
+    batch.advantages = torch.where(batch.loss_mask, torch.ones(batch.input_ids.shape), torch.zeros(()))
+    batch.returns = batch.advantages.clone()
+    for it in range(4):
+        backend.train_critic(batch, LossConfig(value_clip=None))
+        if it >= 2:
+            backend.train_actor(batch, LossConfig())
+    assert backend.actor_sched.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
+    assert backend.critic_sched.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_recipes_all_validate():

@@ -49,7 +49,9 @@ class RunConfig(Section):
     iterations: int = Field(20, ge=1)
     """PPO iterations (collect, then update)."""
     resume: bool = False
-    """Continue from the last complete checkpoint of this run."""
+    """Continue from the last complete checkpoint of this run. The iterations after it are redone:
+    their lines of ``metrics.jsonl`` are dropped and their stored episodes moved out of the store,
+    to ``trajectories/*.superseded``."""
     overwrite: bool = False
     """Start afresh in a run directory that holds a training run, deleting that run's outputs
     (metrics, checkpoints, episodes, warm start, summary). Without it (and without ``resume``), a

@@ -30,7 +30,9 @@ member whose text is not JSON or not an object. No data is ever deleted.
     cannot read that shard (it needs an unbroken gzip stream), so rename it out of the
     ``*.jsonl.gz`` glob before loading the store with ``datasets``.
 
-  Earlier shards are never written again. ``.corrupt`` files do not match ``*.jsonl.gz``.
+  Earlier shards are never written again (but by ``set_aside``, which moves records a resumed
+  training run redoes to ``<shard>.superseded``). ``.corrupt`` and ``.superseded`` files do not
+  match ``*.jsonl.gz``.
 
 Reading decompresses one member at a time, in chunks, so memory holds a shard's bytes and one
 record, never a shard's records all at once.
@@ -242,6 +244,53 @@ class TrajectoryStore:
         self._size += written
         if self.fsync:
             os.fsync(self._fd)
+
+    def set_aside(self, predicate: Callable[[dict], bool], suffix: str = "superseded") -> int:
+        """Move this writer's intact records for which ``predicate`` is true out of the store, into
+        ``<shard>.<suffix>[.N]`` beside each shard they were in (concatenated gzip members, as a shard
+        holds them; not matched by ``*.jsonl.gz``); returns how many. Each shard is copied first,
+        durably, then rewritten without those records (to a temporary file renamed over it): a crash
+        between the two leaves the records in both, never in neither. A resumed training run sets
+        aside the episodes of the iterations it redoes."""
+        if self._fd is None:
+            self._open_for_append()  # the lock, and a last shard cut back to its intact records
+        moved = 0
+        for shard in self._shards(self.writer):
+            data = shard.read_bytes()
+            drop = [(a, b) for a, b, r in _scan(data) if isinstance(r, dict) and predicate(r)]
+            if not drop:
+                continue
+            view = memoryview(data)
+            for i in itertools.count():
+                target = shard.with_name(f"{shard.name}.{suffix}" + (f".{i}" if i else ""))
+                try:
+                    with open(target, "xb") as f:
+                        for a, b in drop:
+                            f.write(view[a:b])
+                        f.flush()
+                        os.fsync(f.fileno())
+                except FileExistsError:
+                    continue
+                break
+            keep, at = [], 0
+            for a, b in drop:
+                keep.append(view[at:a])
+                at = b
+            keep.append(view[at:])
+            tmp = shard.with_name(shard.name + ".tmp")
+            with open(tmp, "wb") as f:
+                for part in keep:
+                    f.write(part)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, shard)
+            moved += len(drop)
+            if shard == self._shard:  # the append handle still points at the file replaced
+                os.close(self._fd)
+                self._fd = os.open(shard, os.O_WRONLY | os.O_APPEND)
+                self._size = os.fstat(self._fd).st_size
+            logger.info("%s: moved %d records to %s", shard, len(drop), target)
+        return moved
 
     def close(self) -> None:
         if self._fd is not None:

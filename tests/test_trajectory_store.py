@@ -454,3 +454,24 @@ def test_read_skips_a_record_whose_parts_disagree(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         seeds = [t.seed for t in TrajectoryStore(tmp_path / "s").read()]
     assert seeds == [0, 2] and "which is not a trajectory" in caplog.text
+
+
+def test_set_aside_moves_the_chosen_records_out_of_every_shard_and_appends_go_on(tmp_path):
+    store = TrajectoryStore(tmp_path, max_shard_bytes=1500)  # several shards
+    for i in range(12):
+        store.append(sample(i))
+    shards = sorted(tmp_path.glob("*.jsonl.gz"))
+    assert len(shards) > 2
+    odd = lambda record: int(record["task_id"].split("-")[1]) % 2 == 1  # noqa: E731
+    assert store.set_aside(odd) == 6
+    store.append(sample(12))  # the handle follows the rewritten last shard
+    assert [t.seed for t in store.read()] == [0, 2, 4, 6, 8, 10, 12]
+    aside = sorted(tmp_path.glob("*.superseded"))
+    assert aside and not any(p.match("*.jsonl.gz") for p in aside)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for k, p in enumerate(aside):  # each holds whole gzip members, as a shard does
+        (moved / f"w0-{k:05d}.jsonl.gz").write_bytes(p.read_bytes())
+    assert sorted(t.seed for t in TrajectoryStore(moved).read()) == [1, 3, 5, 7, 9, 11]
+    assert store.set_aside(odd) == 0 and len(sorted(tmp_path.glob("*.superseded"))) == len(aside)
+    store.close()

@@ -4,6 +4,7 @@ checkpoints and the data cursor; resuming from the last checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -63,7 +64,13 @@ class Run:
         if (iteration + 1) % self.cfg.run.checkpoint_every == 0 or iteration + 1 == self.cfg.run.iterations:
             # the iteration's record goes into the checkpoint too: a kill between the two writes
             # would otherwise leave a checkpoint past the last line of metrics.jsonl
-            state = {"cursor": self.cursor.state(), "state": self.state, "record": record}
+            # the engine's weight version too: a resumed run tags its episodes as this one would have
+            state = {
+                "cursor": self.cursor.state(),
+                "state": self.state,
+                "record": record,
+                "weight_version": self.engine.weight_version,
+            }
             self.checkpoints.save(iteration + 1, self.backend, state)
         self.metrics.log(record)
 
@@ -164,17 +171,33 @@ async def setup(cfg: TrainConfig, log=print) -> Run:
         cursor.restore(saved["cursor"])
         run.state = saved.get("state", {})
         metrics.truncate_after(run.start - 1)
+        redone = store.set_aside(lambda record: stored_iteration(record) >= run.start)
+        if redone:
+            log(
+                f"set aside {redone} stored episodes of iterations {run.start} and later, which this run "
+                f"redoes, in {store.path}/*.superseded"
+            )
         last = saved.get("record")
         logged = {r.get("iteration") for r in metrics.read()}
         if last is not None and last.get("iteration") == run.start - 1 and run.start - 1 not in logged:
             metrics.log(last)  # killed after the checkpoint was written, before its metrics line was
-        await engine.update_weights(backend.engine_state_dict())
+        await engine.update_weights(backend.engine_state_dict(), saved.get("weight_version"))
         log(f"resumed from {latest} at iteration {run.start}")
     else:
         metrics.truncate_after(-1)
     # written once the run has started (a run that stopped above leaves the directory's as it was)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     return run
+
+
+def stored_iteration(record: dict[str, Any]) -> int:
+    """The training iteration a stored episode was collected in (-1 when it names none)."""
+    extra = record.get("extra")
+    try:
+        extra = json.loads(extra) if isinstance(extra, str) else extra
+        return int(extra.get("iteration", -1))
+    except (ValueError, TypeError, AttributeError):
+        return -1
 
 
 RUN_OUTPUTS = (

@@ -49,14 +49,11 @@ class MetricsLogger:
                 )
 
     def truncate_after(self, iteration: int) -> None:
-        """On resume: drop lines of iterations after the checkpoint (they will be redone)."""
+        """On resume: drop lines of iterations after the checkpoint (they will be redone), and a line
+        cut short by a kill or a full disk (the checkpoint holds its iteration's record)."""
         if not self.path.exists():
             return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if json.loads(line).get("iteration", -1) <= iteration
-        ]
+        kept = [json.dumps(r) for r in self.read() if r.get("iteration", -1) <= iteration]
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
@@ -72,9 +69,20 @@ class MetricsLogger:
             self._wandb.log(scalars, step=step)
 
     def read(self) -> list[dict[str, Any]]:
+        """The records logged, less any line that is not one (cut short by a kill or a full disk)."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines()]
+        records = []
+        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            elif line.strip():
+                log.warning("%s: line %d is not a JSON record (cut short?); skipped", self.path, n)
+        return records
 
     def close(self) -> None:
         if self._tb is not None:

@@ -3,10 +3,12 @@ with ``run.overwrite``), a failed start leaves the directory as it was, and weig
 loaded (a damaged checkpoint, a file that is not weights, other shapes) stop with one line."""
 
 import json
+import shutil
 
 import torch
 
 from agentrl.cli import main
+from agentrl.store import TrajectoryStore
 from tests.trainer.test_trainer import ROOT, TOY
 
 RECIPE = str(ROOT / "recipes/quickstart.yaml")
@@ -112,3 +114,36 @@ def test_a_kill_between_the_checkpoint_and_its_metrics_line_loses_no_record(tmp_
     assert train(tmp_path, "run.iterations=4", "env.eval_tasks=0", "run.resume=true") == 0
     after = (run / "metrics.jsonl").read_text().splitlines()
     assert iterations(run) == [0, 1, 2, 3] and after[2] == lines[2]
+
+
+def stored(run) -> dict[int, list[str]]:
+    """Each iteration's episodes in the run's store: the weight version of each one's first turn."""
+    by_iteration: dict[int, list[str]] = {}
+    for t in TrajectoryStore(run / "trajectories").read():
+        by_iteration.setdefault(t.extra["iteration"], []).append(t.weight_versions[0])
+    return dict(sorted(by_iteration.items()))
+
+
+def test_a_run_resumed_after_a_kill_mid_run_keeps_one_record_and_one_set_of_episodes_per_iteration(
+    tmp_path,
+):
+    run = tmp_path / "run"
+    assert train(tmp_path, "run.iterations=3", "env.eval_tasks=0") == 0
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    whole = stored(run)
+    assert list(whole) == [0, 1, 2] and all(v == [str(i)] * 4 for i, v in whole.items())
+    # as if killed while writing iteration 2's metrics line, its checkpoint not yet in place: the
+    # resumed run redoes iteration 2, whose episodes are already in the store
+    shutil.rmtree(run / "checkpoints" / "iter-000003")
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines[:2]) + lines[2][:25])
+    assert train(tmp_path, "run.iterations=3", "env.eval_tasks=0", "run.resume=true") == 0
+    assert iterations(run) == [0, 1, 2]
+    # the same weight versions as the run that was not stopped, each iteration's episodes once
+    assert stored(run) == whole
+    superseded = list((run / "trajectories").glob("*.superseded"))
+    assert len(superseded) == 1
+    assert not superseded[0].match("*.jsonl.gz")  # out of the store, and of datasets' glob
+    copy = tmp_path / "superseded" / "w0-00000.jsonl.gz"
+    copy.parent.mkdir()
+    copy.write_bytes(superseded[0].read_bytes())
+    assert {t.extra["iteration"] for t in TrajectoryStore(copy.parent).read()} == {2}

@@ -54,6 +54,28 @@ def load_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300] or '(no message)'}"
 
 
+def holds_policy(directory: str | Path) -> bool:
+    """Whether ``directory`` is a training run's checkpoint that ``checkpoint_policy`` reads."""
+    return any((Path(directory) / name).is_file() for name in ("backend.pt", "policy.pt"))
+
+
+def checkpoint_policy(directory: str | Path) -> dict:
+    """The policy's weights, under the model's own names, in a training run's checkpoint directory:
+    from the PyTorch backend's ``backend.pt``, or the ``policy.pt`` the Megatron backend writes
+    beside its per-rank files. Raises ``FileNotFoundError`` naming both when neither is there."""
+    import torch
+
+    directory = Path(directory)
+    if (directory / "backend.pt").is_file():
+        return torch.load(directory / "backend.pt", map_location="cpu", weights_only=False)["policy"]
+    if (directory / "policy.pt").is_file():
+        return torch.load(directory / "policy.pt", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(
+        f"{directory} holds neither backend.pt (a PyTorch backend's checkpoint) nor policy.pt (a "
+        "Megatron backend's policy weights): name a checkpoint directory of a training run"
+    )
+
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Tool calls are ordinary text, so that a model writes them token by token like any other.
 # Tool signatures are rendered compactly (a tiny model has no use for long descriptions, and

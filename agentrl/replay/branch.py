@@ -102,14 +102,16 @@ def run_config(run_dir: Path, overrides: list[str]):
 
 def sampling_weights(run_dir: Path, iteration: int | None) -> tuple[str | None, str]:
     """``(model.init, why)``: the weights that sampled an episode of ``iteration``, else the latest."""
+    from agentrl.models import holds_policy
+
     checkpoints = run_dir / "checkpoints"
     if isinstance(iteration, int):
         exact = checkpoints / f"iter-{iteration:06d}"
-        if iteration > 0 and (exact / "backend.pt").is_file():
+        if iteration > 0 and holds_policy(exact):
             return str(exact), f"the weights that sampled it ({exact.name})"
         if iteration == 0 and (run_dir / "warm_start.pt").is_file():
             return str(run_dir / "warm_start.pt"), "the weights that sampled it (warm_start.pt)"
-    saved = sorted(p for p in checkpoints.glob("iter-*") if (p / "backend.pt").is_file())
+    saved = sorted(p for p in checkpoints.glob("iter-*") if holds_policy(p))
     if saved:
         return str(saved[-1]), f"the latest checkpoint ({saved[-1].name}; the sampling one is not kept)"
     return None, "the run's initial model (no checkpoint or warm start saved)"

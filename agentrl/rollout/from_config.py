@@ -120,7 +120,14 @@ def load_policy(cfg: TrainConfig, env: AgentEnv | None = None):
     """``(policy, tokenizer)`` of ``model.name`` (the tiny model's tokenizer trained on ``env``'s
     corpus), with ``model.init``'s weights when set, on ``run.device``."""
     from agentrl.device import resolve_device
-    from agentrl.models import LOAD_ERRORS, env_corpus, load_error, load_model, tiny_chat_model
+    from agentrl.models import (
+        LOAD_ERRORS,
+        checkpoint_policy,
+        env_corpus,
+        load_error,
+        load_model,
+        tiny_chat_model,
+    )
 
     device = resolve_device(cfg.run.device)  # cuda where there is none stops here, before loading
 
@@ -137,10 +144,7 @@ def load_policy(cfg: TrainConfig, env: AgentEnv | None = None):
     if cfg.model.init:
         try:
             if Path(cfg.model.init).is_dir():  # a run's checkpoint directory: the actor's weights in it
-                saved = torch.load(
-                    Path(cfg.model.init) / "backend.pt", map_location="cpu", weights_only=False
-                )
-                state = saved["policy"]
+                state = checkpoint_policy(cfg.model.init)
             else:
                 state = torch.load(cfg.model.init, map_location="cpu", weights_only=True)
             policy.load_state_dict(state)

@@ -1,7 +1,8 @@
 """Atomic checkpoints: a checkpoint directory exists under its final name only once it is complete.
 
 Layout: ``RUN/checkpoints/iter-000012/`` with ``backend.pt`` (actor, critic, both optimizers and
-schedules), ``trainer.json`` (iteration, data cursor) and ``rng.pt`` (Python, NumPy and torch RNG
+schedules; the Megatron backend writes one ``megatron-tp<r>[-pp<s>].pt`` per split and the policy
+under the model's own names in ``policy.pt``), ``trainer.json`` (iteration, data cursor) and ``rng.pt`` (Python, NumPy and torch RNG
 states). It is written into a temporary sibling and renamed into place, so a process killed at any
 moment leaves either the previous checkpoint or the new one, never half of one; the latest is the
 highest complete iteration.

@@ -487,6 +487,9 @@ class MegatronBackend(Updates):
         state = self._state()  # on every rank: the distributed optimizer gathers its moments
         if self.dp_rank == 0:
             torch.save(state, self._file(path))
+        policy = self._policy_hf_state()  # on every rank: gathered over the splits
+        if self.rank == 0:  # the policy under the model's own names, for model.init, eval and replay
+            torch.save(policy, Path(path) / "policy.pt")
         if self.world > 1:
             dist.barrier()  # every file is written before rank 0 completes the checkpoint
 

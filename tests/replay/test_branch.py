@@ -46,9 +46,12 @@ def test_an_env_that_answers_differently_before_n_stops_the_branch(tok):
 
 
 def test_the_weights_that_sampled_an_episode_are_chosen_when_kept(tmp_path):
-    for name in ("iter-000002", "iter-000004"):
+    # one written by the PyTorch backend, one by the Megatron backend (its policy beside its splits)
+    for name, file in (("iter-000002", "backend.pt"), ("iter-000004", "policy.pt")):
         (tmp_path / "checkpoints" / name).mkdir(parents=True)
-        (tmp_path / "checkpoints" / name / "backend.pt").write_bytes(b"")
+        (tmp_path / "checkpoints" / name / file).write_bytes(b"")
+    (tmp_path / "checkpoints/iter-000006").mkdir()  # no weights in it
+    (tmp_path / "checkpoints/iter-000006/megatron-tp0.pt").write_bytes(b"")
     assert sampling_weights(tmp_path, 2) == (
         str(tmp_path / "checkpoints/iter-000002"),
         "the weights that sampled it (iter-000002)",

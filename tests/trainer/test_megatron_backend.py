@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+from agentrl.models import checkpoint_policy
 from agentrl.trainer.backend import Batch, LossConfig, TrainBackend
 from agentrl.trainer.megatron_backend import MegatronBackend
 from agentrl.trainer.megatron_convert import RECOMPUTE, hf_to_megatron, megatron_to_hf
@@ -399,6 +400,9 @@ def test_a_loaded_checkpoint_continues_exactly_as_the_saved_backend(tmp_path):
     saved = _backend(MegatronBackend, tiny_hf("llama"), minibatches=2, warmup_steps=3)
     run_step(saved, batch)
     saved.save(str(tmp_path))
+    # beside the backend's own file, the policy under the HF model's names (model.init, eval, replay)
+    policy, served = checkpoint_policy(tmp_path), saved.engine_state_dict()
+    assert policy.keys() == served.keys() and all(torch.equal(policy[k], v) for k, v in served.items())
     loaded = _backend(MegatronBackend, tiny_hf("llama", seed=1), minibatches=2, warmup_steps=3)
     loaded.load(str(tmp_path))
     after = [run_step(b, batch) for b in (saved, loaded)]
@@ -429,6 +433,8 @@ def test_quickstart_trains_on_the_megatron_backend_and_resumes(tmp_path):
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert all(r["logprob_gap_mean_abs"] < 1e-4 for r in records)
     assert all("critic/value_loss" in r for r in records)
+    # its checkpoint is a model.init, as a PyTorch backend's is
+    assert main(["eval", recipe, *SMALL_QUICKSTART, f"model.init={run / 'checkpoints/iter-000003'}"]) == 0
 
 
 @pytest.mark.parametrize(

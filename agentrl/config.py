@@ -134,8 +134,9 @@ class SandboxConfig(Section):
 class ModelConfig(Section):
     name: str = "tiny"
     """``tiny`` | ``smollm2`` | a local Hugging Face model directory."""
-    tiny_hidden: int = Field(64, ge=8)
-    """Hidden size of the tiny random model (``name: tiny``)."""
+    tiny_hidden: int = Field(64, ge=8, multiple_of=8)
+    """Hidden size of the tiny random model (``name: tiny``): a multiple of 8, its 4 heads each of
+    an even size."""
     tiny_layers: int = Field(2, ge=1)
     """Layers of the tiny random model (``name: tiny``)."""
     dtype: Literal["float32", "bfloat16", "auto"] = "auto"
@@ -239,6 +240,16 @@ class EngineConfig(Section):
         from agentrl.registry import ENGINES
 
         return _registered(value, ENGINES)
+
+    @field_validator("sync_master")
+    @classmethod
+    def _address_and_port(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"{value!r} is not ADDRESS:PORT (a port from 1 to 65535); e.g. 10.0.0.5:29600"
+            )
+        return value
 
     @model_validator(mode="after")
     def _url(self) -> EngineConfig:
@@ -375,7 +386,7 @@ class AlgoConfig(Section):
     """KL to the initial policy (k3, in the loss); 0 (off) by default, as IcePop bounds the
     mismatch. As with GRPO's, the k3 term's value estimates KL(policy || reference), but its
     gradient in expectation is that of KL(reference || policy)."""
-    value_clip: float | None = 0.2
+    value_clip: float | None = Field(0.2, gt=0)
     """Clip range of the value update around the old values (None: unclipped)."""
     normalize_advantages: bool = True
     """Whiten GAE's advantages over the trainable tokens of the batch. Group estimators are already

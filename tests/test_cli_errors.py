@@ -70,6 +70,12 @@ def no_model_loads(monkeypatch):
         ),
         ("run.seed=[", "error: override 'run.seed=[': '[' is not a YAML value"),
         ("run.device=tpu", "'run.device': Input should be 'auto', 'cpu' or 'cuda' (got 'tpu')"),
+        ("algo.value_clip=-0.5", "'algo.value_clip': Input should be greater than 0 (got -0.5)"),
+        ("model.tiny_hidden=12", "'model.tiny_hidden': Input should be a multiple of 8 (got 12)"),
+        (
+            "engine.sync_master=10.0.0.5",
+            "'engine.sync_master': '10.0.0.5' is not ADDRESS:PORT (a port from 1 to 65535)",
+        ),
     ],
 )
 def test_rollout_input_errors(override, message, no_model_loads, capsys):
@@ -139,6 +145,16 @@ def test_train_unwritable_output_dir(tmp_path, no_model_loads, capsys):
     assert main(["train", QUICKSTART, f"run.output_dir={tmp_path}/file"]) == 2
     line = one_error_line(capsys)
     assert f"error: run.output_dir: cannot create or write in directory {tmp_path}/file/quickstart" in line
+
+
+def test_flex_attention_stops_a_run_on_the_cpu_before_it_collects(tmp_path, capsys):
+    overrides = ["optim.packing=packed", "optim.attention=flex", "sft.episodes=0", "run.device=cpu"]
+    assert main(["train", QUICKSTART, f"run.output_dir={tmp_path}", *overrides]) == 2
+    line = one_error_line(capsys)
+    assert (
+        line.startswith("error: optim.attention=flex trains on CUDA only") and "optim.attention=auto" in line
+    )
+    assert not (tmp_path / "quickstart" / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("command", ["train", "eval"])

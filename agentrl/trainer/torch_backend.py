@@ -387,12 +387,19 @@ class TorchBackend(Updates):
 def from_config(policy: nn.Module, cfg) -> TorchBackend:
     """``trainer.backend: torch``: the backend built from a ``TrainConfig``'s ``optim`` section (the
     schedule spans the run's iterations), ``model.dtype`` and ``algo.kl_coef`` (a reference model)."""
+    from agentrl.config import ConfigError
     from agentrl.device import resolve_dtype
 
+    device = next(policy.parameters()).device
+    if cfg.optim.packing == "packed" and cfg.optim.attention == "flex" and device.type != "cuda":
+        raise ConfigError(
+            f"optim.attention=flex trains on CUDA only (FlexAttention has no backward pass on "
+            f"{device.type}): set optim.attention=auto (dense on {device.type}) or optim.packing=padded"
+        )
     return TorchBackend(
         policy,
         **backend_settings(cfg),
         packing=cfg.optim.packing,
         attention=cfg.optim.attention,
-        dtype=resolve_dtype(cfg.model.dtype, next(policy.parameters()).device),
+        dtype=resolve_dtype(cfg.model.dtype, device),
     )

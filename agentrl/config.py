@@ -62,7 +62,8 @@ class RunConfig(Section):
     """Complete checkpoints kept; older ones are deleted."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the policy, critic and embedded engine run: ``cuda`` (a GPU; an error where there is
-    none), ``cpu``, or ``auto`` (CUDA when there is one)."""
+    none), ``cpu``, or ``auto`` (CUDA when there is one). ``trainer.backend: megatron`` trains on
+    the GPU wherever there is one: ``cpu`` there stops the run."""
 
     @field_validator("name")
     @classmethod

@@ -541,8 +541,16 @@ class MegatronBackend(Updates):
 def from_config(policy: nn.Module, cfg) -> MegatronBackend:
     """``trainer.backend: megatron``: sizes from ``trainer.megatron``, the rest as the PyTorch backend
     (``optim``, ``algo.kl_coef``); fp32 on CPU."""
+    from agentrl.config import ConfigError
     from agentrl.device import resolve_dtype
 
+    device = next(policy.parameters()).device  # where run.device placed the policy
+    if device.type == "cpu" and torch.cuda.is_available():
+        raise ConfigError(
+            f"run.device={cfg.run.device}: trainer.backend=megatron trains on the GPU wherever torch sees "
+            "one (its process groups and kernels are CUDA's there); set run.device=auto, or "
+            "trainer.backend=torch to train on the CPU"
+        )
     m = cfg.trainer.megatron
     return MegatronBackend(
         policy,

@@ -262,6 +262,16 @@ def test_bad_sizes_stop_with_the_values_named():
         MegatronBackend(model, pp=2)
 
 
+def test_run_device_cpu_where_torch_sees_a_gpu_stops_a_megatron_run_with_one_line(monkeypatch):
+    from agentrl.config import ConfigError, TrainConfig, load_config
+    from agentrl.trainer.megatron_backend import from_config
+
+    cfg = load_config(TrainConfig, None, ["trainer.backend=megatron", "run.device=cpu"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    with pytest.raises(ConfigError, match="run.device=cpu: trainer.backend=megatron trains on the GPU"):
+        from_config(tiny_hf("qwen2"), cfg)
+
+
 def _worker(rank: int, world: int, store_path: str, cases: list, out_path: str) -> None:
     import torch.distributed as dist
 

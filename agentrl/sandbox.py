@@ -190,6 +190,7 @@ read)
     exec head -c @READ_LIMIT@ -- "$target" ;;
 write | append)
     [ -d "$target" ] && exit 74
+    [ -e "$target" ] && [ ! -f "$target" ] && exit 75  # a FIFO or a device would block or not hold it
     mkdir -p -- "${target%/*}" || exit 76
     if [ "$op" = write ]; then { : > "$target"; } || exit 77; fi
     if [ $# -ge 4 ]; then printf '%s' "$4" | base64 -d >> "$target"; else cat >> "$target"; fi || exit 77 ;;

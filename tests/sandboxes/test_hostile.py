@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -622,5 +623,21 @@ def test_write_file_keeps_the_mode_and_reads_back_large_files(backend):
             assert await sb.read_file("blob.bin") == data
             await sb.write_file("empty.txt", b"")
             assert await sb.read_file("empty.txt") == b""
+
+    run(go())
+
+
+def test_writing_into_a_fifo_is_refused_at_once(backend):
+    # opening a FIFO to write blocks until a reader comes: the editor would wait out its timeout
+    async def go():
+        async with sandbox(backend) as sb:
+            await sb.exec("mkfifo notes.txt && ln -s notes.txt link", timeout=10)
+            for path in ("notes.txt", "link"):
+                start = time.monotonic()
+                with pytest.raises(IsADirectoryError, match=f"{path} is not a regular file"):
+                    await sb.write_file(path, "text\n")
+                assert time.monotonic() - start < 10, path
+            r = await sb.exec("test -p notes.txt && echo fifo", timeout=10)
+            assert r.output.strip() == "fifo"
 
     run(go())

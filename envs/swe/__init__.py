@@ -53,6 +53,25 @@ GIT_INIT = (
 
 
 @functools.lru_cache(maxsize=8)
+def _git_dir(path: Path) -> str | None:
+    """The object store of the git repository that holds ``path`` (a checkout agentrl runs from, whose
+    history has the task file and the sdists in it), or None outside one."""
+    for parent in (path.resolve(), *path.resolve().parents):
+        git = parent / ".git"
+        if git.is_dir():
+            return str(git)
+        if git.is_file():  # a worktree's or submodule's: "gitdir: X", its objects in X's commondir
+            text = git.read_text(errors="replace").strip()
+            if not text.startswith("gitdir:"):
+                return None
+            gitdir = (parent / text.split(":", 1)[1].strip()).resolve()
+            common = gitdir / "commondir"
+            if common.is_file():
+                gitdir = (gitdir / common.read_text().strip()).resolve()
+            return str(gitdir)
+    return None
+
+
 def _rows(path: str) -> tuple[SweRow, ...]:
     return tuple(load_rows(path))
 
@@ -141,6 +160,7 @@ class SweEnv(CodingEpisodeEnv):
             data = {str(Path(self.path).parent)} | {
                 str(r.sdist.parent) for r in self.rows.values() if r.sdist
             }
+            data |= {git for d in data if (git := _git_dir(Path(d)))}  # their history holds them too
             config["hidden_paths"] = tuple(sorted(data | set(config.get("hidden_paths", ()))))
         return make_sandbox(self.backend, **config)
 

@@ -5,6 +5,7 @@ run for real through the tools, on bubblewrap and on Docker."""
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -255,7 +256,9 @@ def test_a_file_at_a_hidden_path_is_dropped_and_listed(dataset):
 
 def test_the_task_data_is_hidden_from_the_agent_wherever_the_run_starts(tmp_path, monkeypatch):
     """The shipped sdists hold each task's original source, the fix: on the local sandbox they and
-    the task file are hidden from commands, not only when the run starts in the repository."""
+    the task file are hidden from commands, not only when the run starts in the repository, and so
+    is the history of the git checkout that holds them (where agentrl runs from one)."""
+    from agentrl.envs.swe import _git_dir
     from agentrl.sandboxes.local import bwrap_works
 
     if not bwrap_works()[0]:
@@ -267,9 +270,12 @@ def test_the_task_data_is_hidden_from_the_agent_wherever_the_run_starts(tmp_path
     async def go():
         async with env._sandbox(row) as sb:
             probe = f"ls {row.sdist.parent} 2>/dev/null | wc -l; head -c 10 {env.path} 2>/dev/null | wc -c"
+            probe += f"; ls -A {git} 2>/dev/null | wc -l" if git else "; echo 0"
             return (await sb.exec(probe, timeout=30)).output.split()
 
-    assert row.sdist.is_file() and asyncio.run(go()) == ["0", "0"]
+    git = _git_dir(Path(env.path))
+    assert git is None or any(Path(git).iterdir())  # on the host, the checkout's objects are there
+    assert row.sdist.is_file() and asyncio.run(go()) == ["0", "0", "0"]
 
 
 def test_partial_credit_is_off_by_default_and_counts_f2p_when_on(dataset):

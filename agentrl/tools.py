@@ -150,6 +150,31 @@ def _clip(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _value_problem(value: Any, schema: dict[str, Any], what: str) -> str | None:
+    """What is wrong with ``value`` under ``schema`` (its type, enum, and an array's length and
+    items), or None. Items are checked too: a tool reads them as the schema promised."""
+    if "type" in schema and not _type_ok(value, schema["type"]):
+        return f"{what} must be of type {schema['type']}, got {type(value).__name__}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{what} must be one of {schema['enum']}, got {_clip(value)}"
+    if isinstance(value, list):
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        if len(value) < low or (high is not None and len(value) > high):
+            if low == high:
+                want = f"exactly {low}"
+            elif high is None:
+                want = f"at least {low}"
+            else:
+                want = f"at most {high}" if low == 0 else f"{low} to {high}"
+            return f"{what} must hold {want} items, got {len(value)}"
+        items = schema.get("items")
+        if isinstance(items, dict):
+            for i, item in enumerate(value):
+                if problem := _value_problem(item, items, f"item {i} of {what}"):
+                    return problem
+    return None
+
+
 def validate_call(call: ToolCall, tools: list[dict[str, Any]]) -> ToolCall:
     """Check a parsed call against the tool specs; sets ``call.error`` with what to fix."""
     if call.error:
@@ -169,12 +194,8 @@ def validate_call(call: ToolCall, tools: list[dict[str, Any]]) -> ToolCall:
         problems.append(f"unexpected argument(s) {_clip(extra, 200)} (it takes {sorted(props) or 'none'})")
     for key, value in call.arguments.items():
         schema = props.get(key)
-        if not schema:
-            continue
-        if "type" in schema and not _type_ok(value, schema["type"]):
-            problems.append(f"argument {key!r} must be of type {schema['type']}, got {type(value).__name__}")
-        elif "enum" in schema and value not in schema["enum"]:
-            problems.append(f"argument {key!r} must be one of {schema['enum']}, got {_clip(value)}")
+        if schema and (problem := _value_problem(value, schema, f"argument {key!r}")):
+            problems.append(problem)
     if problems:
         call.error = f"tool {call.name!r}: " + "; ".join(problems) + "."
     return call
@@ -521,6 +542,8 @@ class CodingTools:
                     raise ValueError("insert needs insert_line and new_str")
                 lines = _lines(text)
                 at = kw["insert_line"]
+                if not _integer(at):
+                    raise ValueError(f"insert_line must be an integer; got {_clip(at)}")
                 if not 0 <= at <= len(lines):
                     raise ValueError(f"insert_line {at} is outside [0, {len(lines)}]")
                 if at == len(lines) and lines and not lines[-1].endswith("\n"):
@@ -552,12 +575,16 @@ class CodingTools:
         lines = [line.rstrip("\n") for line in _lines(data.decode("utf-8", errors="replace"))]
         first, last = 1, len(lines)
         if view_range:
-            if len(view_range) != 2:
-                raise ValueError(f"view_range must be [first, last]; got {view_range}")
+            if not isinstance(view_range, list) or len(view_range) != 2 or not all(map(_integer, view_range)):
+                raise ValueError(f"view_range must be [first, last], two integers; got {_clip(view_range)}")
             first, last = view_range[0], (len(lines) if view_range[1] == -1 else view_range[1])
             if not 1 <= first <= max(last, 1) or last > len(lines):
                 raise ValueError(f"view_range {view_range} is outside the file's {len(lines)} lines")
         return "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(first, last + 1))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _lines(text: str) -> list[str]:

@@ -8,6 +8,7 @@ from agentrl.tools import (
     MAX_CALLS_PER_TURN,
     CodingTools,
     ToolCall,
+    function_spec,
     get_parser,
     parse_glm,
     parse_hermes,
@@ -15,6 +16,7 @@ from agentrl.tools import (
     render_hermes,
     spec_problems,
     truncate,
+    validate_call,
 )
 
 
@@ -59,6 +61,23 @@ def test_hermes_several_calls_nested_quotes_and_newlines():
             "the number '1e999' is not finite",
         ),
         ('{"name": "bash", "arguments": {"command": "ls", "n": NaN}}', "the number 'NaN' is not finite"),
+        # the items of an array, as its schema types them: the editor reads them as line numbers
+        (
+            '{"name": "str_replace_editor", "arguments": {"command": "view", "path": "a", "view_range": ["1", "2"]}}',
+            "tool 'str_replace_editor': item 0 of argument 'view_range' must be of type integer, got str.",
+        ),
+        (
+            '{"name": "str_replace_editor", "arguments": {"command": "view", "path": "a", "view_range": [1.5, 2]}}',
+            "item 0 of argument 'view_range' must be of type integer, got float",
+        ),
+        (
+            '{"name": "str_replace_editor", "arguments": {"command": "view", "path": "a", "view_range": [[1], 2]}}',
+            "item 0 of argument 'view_range' must be of type integer, got list",
+        ),
+        (
+            '{"name": "str_replace_editor", "arguments": {"command": "view", "path": "a", "view_range": [1, null]}}',
+            "item 1 of argument 'view_range' must be of type integer, got NoneType",
+        ),
     ],
 )
 def test_hermes_malformed_calls_become_errors(body, error):
@@ -294,6 +313,19 @@ def test_editor_mistakes_are_errors_the_agent_reads_and_change_nothing():
                     {"command": "view", "path": "a.py", "view_range": [0, 1]},
                     "error: view_range [0, 1] is outside",
                 ),
+                # what validate_call rejects, should a caller run the tools without it
+                (
+                    {"command": "view", "path": "a.py", "view_range": ["1", "2"]},
+                    "error: view_range must be [first, last], two integers; got ['1', '2']",
+                ),
+                (
+                    {"command": "view", "path": "a.py", "view_range": [1, None]},
+                    "error: view_range must be [first, last], two integers; got [1, None]",
+                ),
+                (
+                    {"command": "insert", "path": "a.py", "insert_line": "1", "new_str": "z"},
+                    "error: insert_line must be an integer; got '1'",
+                ),
             ]
             for args, message in mistakes:
                 r = await edit(**args)
@@ -314,3 +346,31 @@ def test_editor_mistakes_are_errors_the_agent_reads_and_change_nothing():
             assert r.output == "     2\ty = 2"
 
     asyncio.run(go())
+
+
+def test_an_array_schema_with_a_length_or_typed_items_is_checked_item_by_item():
+    tool = function_spec(
+        "probe",
+        "Arrays with a length and typed items.",
+        {
+            "pair": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+            "some": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "few": {"type": "array", "maxItems": 2},
+            "nested": {"type": "array", "items": {"type": "array", "items": {"type": "boolean"}}},
+        },
+        [],
+    )
+
+    def error(**arguments):
+        return validate_call(ToolCall("probe", arguments), [tool]).error
+
+    assert error(pair=[1, 2], some=["a"], few=[], nested=[[True], []]) is None
+    assert error(pair=[1]) == "tool 'probe': argument 'pair' must hold exactly 2 items, got 1."
+    assert error(some=[]) == "tool 'probe': argument 'some' must hold at least 1 items, got 0."
+    assert error(few=[1, 2, 3]) == "tool 'probe': argument 'few' must hold at most 2 items, got 3."
+    assert (
+        error(pair=[1, True]) == "tool 'probe': item 1 of argument 'pair' must be of type integer, got bool."
+    )
+    assert error(nested=[[True], [1]]) == (
+        "tool 'probe': item 0 of item 1 of argument 'nested' must be of type boolean, got int."
+    )

@@ -6,7 +6,8 @@ shape) share: the turn loop (tool calls run in order, malformed ones become obse
 ends the episode, a reminder or the end when no tool is called, ``max_turns``), and the end of an
 episode: the workspace's diff is read, the episode's sandbox is closed with every process the
 agent started, and the diff is graded in a fresh sandbox that started while the old one was read.
-Grading sandboxes close in the background; ``close()`` waits for them.
+Grading sandboxes close in the background; ``close()`` waits for them. A submission whose grading
+was cut off (the episode's deadline) is kept: ``grade()`` grades that diff.
 
 A subclass provides ``_new_sandbox()`` (a sandbox for the current task, not started) and
 ``grade_patch(patch, fresh)`` (which sets ``self.last_grade``, a dict with ``reward``), and calls
@@ -46,6 +47,7 @@ class CodingEpisodeEnv:
         self.sandbox = None
         self._tools: CodingTools | None = None
         self._base = ""
+        self._submitted: str | None = None  # the diff the episode ended with (grade() after the end)
         self._turns, self._done = 0, False
         self.last_grade: dict[str, Any] | None = None
         self._disposing: set[asyncio.Task] = set()  # grading sandboxes being closed
@@ -68,6 +70,7 @@ class CodingEpisodeEnv:
             sandbox, command_timeout=self.command_timeout, max_output_chars=self.max_observation_chars
         )
         self._turns, self._done, self.last_grade = 0, False, None
+        self._submitted = None
 
     async def step(self, tool_calls: list[ToolCall]) -> StepResult:
         if self.sandbox is None or self._done:
@@ -112,10 +115,14 @@ class CodingEpisodeEnv:
         self._done = True
         fresh = self._fresh()  # starts while the episode's sandbox is read and closed
         try:
-            patch = await self.sandbox.diff(self._base)
-        except SandboxError as e:  # the workspace cannot be read (its sandbox died): nothing to grade
-            patch, error = None, f"the workspace could not be read: {e}"
-        await self._close_sandbox()  # every process the agent started goes with it, before grading
+            try:
+                patch = self._submitted = await self.sandbox.diff(self._base)
+            except SandboxError as e:  # the workspace cannot be read (its sandbox died): nothing to grade
+                patch, error = None, f"the workspace could not be read: {e}"
+            await self._close_sandbox()  # every process the agent started goes with it, before grading
+        except BaseException:  # cancelled (the deadline) before grading took the fresh sandbox
+            self._dispose(fresh)
+            raise
         if patch is None:
             self._dispose(fresh)
             self.last_grade = self._grade_failed(error)
@@ -125,10 +132,15 @@ class CodingEpisodeEnv:
         return StepResult([], self.last_grade["reward"], True, info)
 
     async def grade(self) -> float:
-        """Grade the workspace as it is now (``grade_patch`` of its diff); the episode's sandbox stays."""
-        if self.sandbox is None:
+        """Grade the workspace as it is now (``grade_patch`` of its diff); the episode's sandbox stays.
+        Once the episode has ended, the diff it ended with is graded."""
+        if self.sandbox is not None:
+            patch = await self.sandbox.diff(self._base)
+        elif self._submitted is not None:
+            patch = self._submitted
+        else:
             raise RuntimeError("grade() needs a reset() first")
-        await self.grade_patch(await self.sandbox.diff(self._base))
+        await self.grade_patch(patch)
         return self.last_grade["reward"]
 
     # -- grading sandboxes --

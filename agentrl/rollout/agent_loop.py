@@ -11,10 +11,13 @@
   Its cost does not grow with the length of the episode.
 - Re-tokenisation drift (``encode(decode(ids)) != ids`` for an assistant turn) is counted in
   ``trajectory.extra["retokenization_drift_turns"]`` and never hidden by rewriting history.
-- Budgets: per-turn ``max_new_tokens`` clamped to the remaining context; ``max_turns``; a
-  wall-clock ``deadline_s``. Each end sets its status; engine and env failures set theirs; a
-  cancelled episode, or one whose generation the engine aborted (``finish_reason`` ``abort``),
-  closes its env and returns its trajectory with status ``aborted``.
+- Budgets: per-turn ``max_new_tokens`` clamped to the remaining context (a turn may fill it,
+  its end-of-turn token last); ``max_turns``; a wall-clock ``deadline_s``. Each end sets its
+  status; engine and env failures set theirs: output a trajectory cannot hold (a NaN or positive
+  log-prob) is the engine's, a ``grade()`` that fails for a cut-off episode the env's, never a
+  reward of 0. A cancelled episode, or one whose generation the engine aborted (``finish_reason``
+  ``abort``), closes its env (a cancellation waits for the close) and returns its trajectory with
+  status ``aborted``.
 """
 
 from __future__ import annotations
@@ -26,20 +29,26 @@ import math
 import re
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from agentrl.env import AgentEnv, Task
-from agentrl.rollout.engine import Engine, EngineError, SamplingParams
+from agentrl.rollout.engine import Engine, EngineError, Generation, SamplingParams
 from agentrl.sandbox import SandboxError
 from agentrl.tools import ParsedTurn, ToolCall, get_parser
-from agentrl.trajectory import NOT_TRAINABLE, STATUSES, Trajectory, TurnSpan
+from agentrl.trajectory import NOT_TRAINABLE, STATUSES, Trajectory, TrajectoryError, TurnSpan
 
 log = logging.getLogger(__name__)
 TASK_DATA_MAX = 4096
 """A task's data up to this many characters of JSON is stored with its trajectories (``extra.task_data``)."""
+LOGPROB_SLACK = 1e-4
+"""A sampled token's log-prob may exceed 0 by this much (float rounding of a log-softmax near 0); it is stored as 0.0."""
+GRADE_TIMEOUT_S = 300.0
+"""Seconds ``env.grade()`` of a cut-off episode may take."""
+CLOSE_WAIT_S = 60.0
+"""Seconds a cancelled episode still waits for ``env.close()`` (its sandbox) before it returns."""
 
 
 @dataclass
@@ -222,11 +231,34 @@ async def _with_retries(call, *, retry_on, attempts: int, counters: dict[str, in
             return await call()
 
 
+def _checked(gen: Generation) -> Generation:
+    """``gen`` if its ids and log-probs can enter a trajectory (log-probs within ``LOGPROB_SLACK``
+    above 0 are set to 0.0); an EngineError naming the first bad value otherwise, which ends the
+    episode (a diverged policy's NaN logits), not the rollout."""
+    if len(gen.logprobs) != len(gen.output_ids):
+        raise EngineError(
+            f"the engine returned {len(gen.output_ids)} token ids but {len(gen.logprobs)} log-probs; "
+            "it must return one log-prob per sampled token"
+        )
+    for i, (token, lp) in enumerate(zip(gen.output_ids, gen.logprobs, strict=True)):
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise EngineError(f"the engine returned output_ids[{i}] = {token!r}, which is not a token id")
+        if not isinstance(lp, int | float) or not math.isfinite(lp) or lp > LOGPROB_SLACK:
+            raise EngineError(
+                f"the engine returned logprobs[{i}] = {lp!r}; a log-prob must be finite and <= 0 "
+                "(NaN or inf: the policy's logits are not finite)"
+            )
+    if any(lp > 0 for lp in gen.logprobs):
+        return replace(gen, logprobs=[min(float(lp), 0.0) for lp in gen.logprobs])
+    return gen
+
+
 async def _generate(engine: Engine, input_ids: list[int], params: SamplingParams, budget_s: float):
-    """One engine call under the episode's deadline; any failure of the engine becomes an EngineError."""
+    """One engine call under the episode's deadline; any failure of the engine, or output that
+    cannot be trained on, becomes an EngineError."""
     try:
         # The live list, not a copy: copying would cost O(history) per turn. Engines must not mutate it.
-        return await _within(engine.generate(input_ids, params), budget_s)
+        return _checked(await _within(engine.generate(input_ids, params), budget_s))
     except (EngineError, DeadlinePassed, asyncio.CancelledError):
         raise
     except TimeoutError as e:  # the engine's own, not the episode's deadline
@@ -381,7 +413,10 @@ async def run_episode(
             traj.messages.append(
                 {"role": "assistant", "content": text, "tool_calls": [c.to_dict() for c in parsed.calls]}
             )
-            if len(traj.input_ids) >= cfg.max_context:
+            # A turn may fill the context to its last token with its end-of-turn; one cut there is unfinished.
+            if len(traj.input_ids) > cfg.max_context or (
+                len(traj.input_ids) == cfg.max_context and not ended
+            ):
                 status = "truncated_context"
                 traj.timings.append({"generate_s": generate_s})
                 break
@@ -435,23 +470,51 @@ async def run_episode(
             grade = getattr(env, "grade", None)
             if cut and started and cfg.grade_on_truncation and not graded and grade is not None:
                 try:
-                    reward = _env_reward(await asyncio.shield(asyncio.wait_for(grade(), 300)), "grade()")
+                    reward = _env_reward(
+                        await asyncio.shield(asyncio.wait_for(grade(), GRADE_TIMEOUT_S)), "grade()"
+                    )
                 except asyncio.CancelledError:  # the run is stopping: the episode ends unrewarded
                     status = "aborted"
                     if (current := asyncio.current_task()) is not None:
                         current.uncancel()
                 except Exception as e:
-                    traj.extra["grade_error"] = f"{type(e).__name__}: {e}"
+                    # No grade is not a reward of 0: trained on, it would teach that the work was wrong.
+                    traj.extra["error"] = f"grade() of the {status} episode failed: {type(e).__name__}: {e}"
+                    status = "env_error"
         finally:  # whatever grading raised, the env (its sandbox) is closed
-            try:
-                await asyncio.shield(env.close())
-            except asyncio.CancelledError:
-                if (current := asyncio.current_task()) is not None:
-                    current.uncancel()
-            except Exception as e:
-                traj.extra["close_error"] = f"{type(e).__name__}: {e}"
+            await _close(env, traj)
     traj.status = status or "completed"
     traj.reward = reward if traj.status not in NOT_TRAINABLE else 0.0
     traj.extra.update(counters)
     traj.extra["wall_s"] = time.monotonic() - start
-    return traj.validate()
+    try:
+        return traj.validate()
+    except TrajectoryError as e:
+        # What the per-turn checks missed: this episode's tokens are dropped, and the rollout goes on.
+        log.warning("episode %s/%s broke a trajectory invariant: %s", traj.env_id, task.id, e)
+        traj.status, traj.reward = "engine_error", 0.0
+        traj.extra["error"] = "; ".join(filter(None, [traj.extra.get("error"), f"TrajectoryError: {e}"]))
+        traj.input_ids, traj.loss_mask, traj.rollout_logprobs, traj.turns = [], [], [], []
+        return traj.validate()
+
+
+async def _close(env: AgentEnv, traj: Trajectory) -> None:
+    """``env.close()``; a cancellation meanwhile waits for it (up to ``CLOSE_WAIT_S``) and is then
+    taken as the episode's end, so that whoever waits for a cancelled episode waits for its sandbox."""
+    closing = asyncio.ensure_future(env.close())
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        if (current := asyncio.current_task()) is not None:
+            current.uncancel()
+        await asyncio.wait([closing], timeout=CLOSE_WAIT_S)
+    except Exception:
+        pass  # read from the task below
+    if not closing.done():
+        traj.extra["close_error"] = (
+            f"close() had not finished {CLOSE_WAIT_S:g}s after the episode was cancelled"
+        )
+    elif closing.cancelled():
+        traj.extra["close_error"] = "close() was cancelled"
+    elif (e := closing.exception()) is not None:
+        traj.extra["close_error"] = f"{type(e).__name__}: {e}"

@@ -3,6 +3,7 @@ import asyncio
 import pytest
 
 from agentrl.env import Task, make
+from agentrl.envs.bugfix import BugfixEnv
 from agentrl.models import tiny_chat_model
 from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
 from agentrl.rollout.engine import EngineError
@@ -160,12 +161,12 @@ def test_an_env_that_breaks_the_episode_contract_costs_that_episode_not_the_run(
         assert t.status == "env_error" and "step() returned reward nan" in t.extra["error"]
         t = await episode(OwnStatus(reward="1"))  # a number in a string is read as one
         assert t.status == "completed" and t.reward == 1.0
-        # a grade on the way out of a cut-off episode that is not a number: recorded, reward 0
+        # a grade on the way out of a cut-off episode that is not a number: no grade, not trained
         t = await episode(OwnStatus(grade=None, episode_len=5), max_turns=1)
-        assert (
-            t.status == "max_turns"
-            and t.reward == 0.0
-            and "grade() returned reward None" in t.extra["grade_error"]
+        assert t.status == "env_error" and t.reward == 0.0
+        assert t.extra["error"] == (
+            "grade() of the max_turns episode failed: ValueError: grade() returned reward None; "
+            "a reward must be a finite number"
         )
 
     run(go())
@@ -436,3 +437,178 @@ def test_an_observation_with_no_room_left_ends_the_episode_without_half_of_it(ti
     )
     assert t.status == "truncated_context" and t.validate()
     assert t.turns[-1].role == "assistant" and len(t) == probe.turns[0].end + 1
+
+
+class GradeFails(EchoEnv):
+    async def grade(self):
+        raise RuntimeError("the grading sandbox would not start")
+
+
+def test_a_cut_off_episode_whose_grade_fails_is_an_env_error_not_a_reward_of_0(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    env = GradeFails(10)
+    t = run(run_episode(env, FixedEngine([eot]), tok, Task("t"), LoopConfig(max_turns=2)))
+    assert t.status == "env_error" and t.reward == 0.0 and env.closed == 1
+    assert t.extra["error"] == (
+        "grade() of the max_turns episode failed: RuntimeError: the grading sandbox would not start"
+    )
+    # and for a deadline cut
+    t = run(
+        run_episode(
+            GradeFails(10, step_delay=0.2), FixedEngine([eot]), tok, Task("t"), LoopConfig(deadline_s=0.3)
+        )
+    )
+    assert t.status == "env_error" and t.extra["error"].startswith("grade() of the timeout episode failed")
+
+
+class StallsAtTheEnd(BugfixEnv):
+    """bugfix-v0 whose end of episode (inside step()) runs past any deadline once: in the grading of
+    the submission, or in closing the episode's sandbox before it."""
+
+    def __init__(self, stall: str, **kwargs):
+        super().__init__(**kwargs)
+        self.stall, self.gradings, self.grading_sandboxes = stall, 0, []
+
+    def _fresh(self):
+        fresh = super()._fresh()
+        self.grading_sandboxes.append(fresh[0])
+        return fresh
+
+    async def _close_sandbox(self):
+        if self.stall == "closing" and self._done:
+            self.stall = None
+            await asyncio.sleep(3600)
+        await super()._close_sandbox()
+
+    async def grade_patch(self, patch, fresh=None):
+        self.gradings += 1
+        if self.stall == "grading":
+            self.stall = None
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                self._dispose(fresh)
+        return await super().grade_patch(patch, fresh)
+
+
+@pytest.mark.parametrize("stall", ["grading", "closing"])
+def test_a_submission_whose_end_the_deadline_cuts_is_graded_after_it(tiny, stall):
+    """The deadline lands while step() ends a correct submission's episode: the episode is a timeout
+    whose reward is the grade of the diff it submitted (graded even once the sandbox it was read from
+    is gone), and every grading sandbox is closed, the one started for the cut grading too."""
+    _, tok = tiny
+    probe = make("bugfix-v0", sandbox="local")
+    task = probe.task("train", 0)
+    demo = demonstration_texts(probe.demonstration(task), "hermes")
+    fix, submit = demo[2], demo[-1]
+    assert '"str_replace"' in fix and '"submit"' in submit
+    env = StallsAtTheEnd(stall, sandbox="local")
+    engine = ScriptedEngine(tok, script=[fix, submit])
+    # 3 s: a reset and one edit take a fraction of it; the stall would take an hour
+    t = run(run_episode(env, engine, tok, task, LoopConfig(deadline_s=3.0)))
+    assert (t.status, t.reward) == ("timeout", 1.0), t.extra
+    assert env.gradings == (2 if stall == "grading" else 1) and env.sandbox is None
+
+    async def alive():
+        return [await sb.alive() for sb in env.grading_sandboxes]
+
+    assert run(alive()) == [False, False]
+
+
+def test_a_malformed_view_range_is_an_error_the_agent_reads_and_the_episode_goes_on(tiny):
+    """Line numbers that are not integers: an observation naming the argument, not an env_error."""
+    _, tok = tiny
+    probe = make("bugfix-v0", sandbox="local")
+    task = probe.task("train", 0)
+    demo = demonstration_texts(probe.demonstration(task), "hermes")
+    view = (
+        '<tool_call>{"name": "str_replace_editor", "arguments": {"command": "view", '
+        '"path": "mylib/stats.py", "view_range": ["1", "2"]}}</tool_call>'
+    )
+    engine = ScriptedEngine(tok, script=[view, demo[2], demo[-1]])
+    t = run(run_episode(make("bugfix-v0", sandbox="local"), engine, tok, task, LoopConfig(max_context=16384)))
+    assert (t.status, t.reward, t.extra["tool_call_errors"]) == ("completed", 1.0, 1), t.extra
+    assert t.messages[3]["role"] == "tool" and t.messages[3]["content"] == (
+        "error: tool 'str_replace_editor': item 0 of argument 'view_range' must be of type integer, got str."
+    )
+
+
+def test_a_turn_may_fill_the_context_exactly_with_its_end_of_turn(tiny):
+    """max_context is what an episode may hold: a turn that ends on its last token is stepped (its
+    submit counts); a turn cut at the limit, unfinished, ends the episode as truncated_context."""
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    submit = tok.encode(
+        '<tool_call>{"name": "submit", "arguments": {}}</tool_call>', add_special_tokens=False
+    )
+    prompt = run(run_episode(EchoEnv(1), FixedEngine([eot]), tok, Task("t"), LoopConfig())).turns[0].end
+    full = prompt + len(submit) + 1
+
+    env = EchoEnv(5)
+    t = run(run_episode(env, FixedEngine([*submit, eot]), tok, Task("t"), LoopConfig(max_context=full)))
+    assert (t.status, t.reward, env.steps, env.graded, len(t)) == ("completed", 1.0, 1, 0, full)
+    # the same turn without its end-of-turn token: cut by the limit, not given to the env
+    env = EchoEnv(5)
+    t = run(run_episode(env, FixedEngine([*submit, eot]), tok, Task("t"), LoopConfig(max_context=full - 1)))
+    assert (t.status, t.finish_reasons, env.steps, env.graded) == ("truncated_context", ["length"], 0, 1)
+    # a turn that fills the context and gets an observation: no room to answer it
+    env = EchoEnv(5)
+    talk = tok.encode("hello", add_special_tokens=False) + [eot]
+    t = run(run_episode(env, FixedEngine(talk), tok, Task("t"), LoopConfig(max_context=prompt + len(talk))))
+    assert (t.status, env.steps, len(t)) == ("truncated_context", 1, prompt + len(talk))
+
+
+class OutputEngine(FixedEngine):
+    """Returns ``output_ids`` with the log-probs ``logprobs``, as an engine in trouble might."""
+
+    def __init__(self, output_ids, logprobs):
+        super().__init__(output_ids)
+        self.logprobs = logprobs
+
+    async def generate(self, input_ids, params):
+        gen = await super().generate(input_ids, params)
+        gen.logprobs = list(self.logprobs)
+        return gen
+
+
+def test_engine_output_a_trajectory_cannot_hold_ends_that_episode_as_an_engine_error(tiny):
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = [*tok.encode("hi", add_special_tokens=False), eot]
+    n = len(ids)
+
+    def episode(logprobs, output_ids=ids):
+        env = EchoEnv(2)
+        t = run(run_episode(env, OutputEngine(output_ids, logprobs), tok, Task("t"), LoopConfig()))
+        assert env.closed == 1 and t.validate() is t
+        return t
+
+    bad = [
+        ([float("nan")] + [-0.1] * (n - 1), "logprobs[0] = nan; a log-prob must be finite and <= 0"),
+        ([-0.1] * (n - 1) + [float("-inf")], f"logprobs[{n - 1}] = -inf"),
+        ([-0.1, 0.5] + [-0.1] * (n - 2), "logprobs[1] = 0.5"),
+        ([-0.1] * (n - 1), f"returned {n} token ids but {n - 1} log-probs"),
+    ]
+    for logprobs, error in bad:
+        t = episode(logprobs)
+        assert t.status == "engine_error" and t.reward == 0.0 and t.num_trainable == 0
+        assert error in t.extra["error"] and t.extra["engine_retries"] == 0, t.extra
+    t = episode([-0.1] * n, output_ids=[*ids[:-1], -1])
+    assert t.status == "engine_error" and f"output_ids[{n - 1}] = -1, which is not a" in t.extra["error"]
+    # a log-prob a rounding above 0 is a sampled token of probability 1
+    t = episode([-0.1, 1e-6] + [-0.2] * (n - 2))
+    assert t.status == "completed" and t.rollout_logprobs[t.turns[1].start + 1] == 0.0
+
+
+def test_a_trajectory_that_breaks_an_invariant_at_the_end_is_kept_without_its_tokens(tiny, monkeypatch):
+    """Past the per-turn checks (here: switched off), the episode still ends as an engine_error, its
+    tokens dropped; run_episode does not raise."""
+    from agentrl.rollout import agent_loop
+
+    _, tok = tiny
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    monkeypatch.setattr(agent_loop, "_checked", lambda gen: gen)
+    t = run(run_episode(EchoEnv(2), OutputEngine([eot], [float("nan")]), tok, Task("t"), LoopConfig()))
+    assert t.status == "engine_error" and len(t) == 0 and t.turns == [] and t.validate() is t
+    assert t.extra["error"].startswith("TrajectoryError: rollout_logprobs[") and "= nan" in t.extra["error"]

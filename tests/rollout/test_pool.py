@@ -187,3 +187,65 @@ def test_a_cancelled_run_cancels_every_episode_it_started():
 def test_concurrency_and_samples_must_be_positive(kwargs):
     with pytest.raises(ValueError, match="concurrency and n_samples must be >= 1; got"):
         _pool(lambda: None, **kwargs)
+
+
+def test_an_engine_that_returns_a_nan_log_prob_costs_that_episode_not_the_run():
+    """A diverged policy (NaN logits) for one episode: it ends as engine_error, the others finish."""
+    import math
+
+    from agentrl.env import Task
+    from agentrl.models import tiny_tokenizer
+    from agentrl.rollout.engine import Generation
+    from agentrl.rollout.pool import RolloutPool
+    from tests.rollout.fakes import EchoEnv
+
+    tok = tiny_tokenizer()
+    ids = [*tok.encode("done", add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
+
+    class NanFor:
+        weight_version = "0"
+
+        async def generate(self, input_ids, params):
+            bad = "task train-0" in tok.decode(input_ids)
+            await asyncio.sleep(0.0 if bad else 0.2)  # the bad episode ends while the others run
+            return Generation(list(ids), [math.nan if bad else -0.1] * len(ids), "stop", "0")
+
+    pool = RolloutPool(lambda: EchoEnv(2), NanFor(), tok, LoopConfig(), concurrency=4, progress=False)
+    out = asyncio.run(pool.run([Task(f"train-{i}") for i in range(4)]))
+    assert [t.status for t in out] == ["engine_error", "completed", "completed", "completed"]
+    assert "logprobs[0] = nan" in out[0].extra["error"]
+
+
+def test_a_run_cancelled_while_its_envs_close_waits_for_the_closes():
+    """The sandboxes of a cancelled run are closed before run() gives up: none is left to the
+    event loop's shutdown, which would cancel the close halfway."""
+    from agentrl.env import Task
+    from tests.rollout.fakes import EchoEnv
+
+    class SlowClose(EchoEnv):
+        closing = None
+
+        async def close(self):
+            self.closing.set()
+            await asyncio.sleep(0.5)  # removing a container
+            await super().close()
+
+    envs = []
+
+    def factory():
+        envs.append(SlowClose(1))
+        envs[-1].closing = asyncio.Event()
+        return envs[-1]
+
+    async def main():
+        run = asyncio.ensure_future(_pool(factory, concurrency=2).run([Task("train-0"), Task("train-1")]))
+        while len(envs) < 2 or not all(env.closing.is_set() for env in envs):
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        closed = [env.closed for env in envs]
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return closed, others
+
+    assert asyncio.run(main()) == ([1, 1], [])

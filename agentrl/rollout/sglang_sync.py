@@ -179,8 +179,8 @@ async def broadcast_update(engine, state_dict: dict[str, Any], version: str) -> 
             engine.update_store,
         )
         (engine.update_group, engine.update_store), *_ = await asyncio.gather(group, *joins)
-    await engine.post_all("/pause_generation", {"mode": "retract"})  # running requests resume afterwards
-    try:
+    try:  # every worker sent a pause is continued, those that paused while another refused too
+        await _post_every(engine, workers, "/pause_generation", {"mode": "retract"})  # requests resume after
         await engine.post_all("/begin_weight_update", {"selector": "all"})
         try:
             chunks = buckets(state_dict, engine.bucket_bytes)
@@ -204,7 +204,18 @@ async def broadcast_update(engine, state_dict: dict[str, Any], version: str) -> 
             await engine.post_all("/end_weight_update", {})
         await flush(engine, workers)
     finally:
-        await engine.post_all("/continue_generation", {})
+        await _post_every(engine, workers, "/continue_generation", {})
+
+
+async def _post_every(engine, workers: list[str], path: str, body: dict[str, Any]) -> None:
+    """``post_ok`` to every worker; each answer is awaited before the first error is raised
+    (``post_all`` raises at the first, while the others may still be on their way)."""
+    outcomes = await asyncio.gather(
+        *(engine.post_ok(url, path, body) for url in workers), return_exceptions=True
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def flush(engine, workers: list[str], timeout_s: float = 60.0) -> None:

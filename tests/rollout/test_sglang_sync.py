@@ -135,3 +135,41 @@ def test_a_broadcast_update_reaches_the_server_and_its_version_is_set(server_url
     ref = [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(after.output_ids)]
     assert max(abs(a - b) for a, b in zip(ref, after.logprobs, strict=True)) < 1e-4
     assert engine.stats["weight_updates"] == 2 and sum(engine.stats["retries"].values()) == 0
+
+
+def test_a_worker_that_refuses_to_pause_leaves_no_other_worker_paused():
+    """Two workers: the first pauses (slowly), the second refuses. The update fails with the
+    refusal, and only after every worker that was sent a pause was continued: a worker left paused
+    would hold every later /generate sent to it."""
+    from aiohttp import web
+
+    calls: list[tuple[str, str]] = []
+
+    def worker(name: str, refuses: bool):
+        async def handle(request):
+            calls.append((name, request.path))
+            if request.path == "/pause_generation":
+                if refuses:
+                    return web.json_response({"success": False, "message": "busy"}, status=400)
+                await asyncio.sleep(0.3)  # still pausing when the other worker has refused
+            return web.json_response({"success": True, "message": ""})
+
+        return handle
+
+    paths = ("/pause_generation", "/continue_generation", "/begin_weight_update", "/end_weight_update")
+
+    async def go():
+        async with (
+            stub_server([("POST", p, worker("a", False)) for p in paths]) as a,
+            stub_server([("POST", p, worker("b", True)) for p in paths]) as b,
+        ):
+            engine = SGLangEngine(a, weight_sync="distributed", abort_urls=[a, b], retry_deadline_s=2)
+            engine.update_group = object()  # joined already: the pause is what this test is about
+            with pytest.raises(EngineError, match=r"/pause_generation failed \(400\): busy"):
+                await engine.update_weights({"w": torch.zeros(2)})
+            engine.update_group = None  # nothing to leave
+            await engine.close()
+
+    asyncio.run(go())
+    for name in "ab":
+        assert [p for n, p in calls if n == name] == ["/pause_generation", "/continue_generation"], calls

@@ -739,7 +739,16 @@ class LocalSandbox(AsyncStartClose):
             proc = await self._spawn(argv, self.workdir, None, FILE_OP_TIMEOUT, subprocess.PIPE, stdin)
             try:
                 stdout, stderr = await asyncio.wait_for(proc.communicate(data), FILE_OP_TIMEOUT)
-            except (TimeoutError, asyncio.CancelledError):
+            except (
+                TimeoutError
+            ):  # wedged (a file the agent made blocks it): an error the agent reads, as on Docker
+                await asyncio.shield(self._stop(proc))
+                what = "read" if op == "read" else "write"
+                raise PermissionError(
+                    f"cannot {what} {path} in the sandbox: the file operation did not finish within "
+                    f"{FILE_OP_TIMEOUT:g}s"
+                ) from None
+            except asyncio.CancelledError:
                 await asyncio.shield(self._stop(proc))
                 raise
             finally:

@@ -641,3 +641,20 @@ def test_writing_into_a_fifo_is_refused_at_once(backend):
             assert r.output.strip() == "fifo"
 
     run(go())
+
+
+def test_a_file_operation_that_hangs_is_an_error_the_agent_reads(monkeypatch):
+    import agentrl.sandboxes.local as local
+
+    monkeypatch.setattr(local, "FILE_OP_TIMEOUT", 1.0)
+    monkeypatch.setattr(local, "FILE_OPS", "sleep 30")  # stands in for whatever wedges one
+
+    async def go():
+        async with sandbox("local") as sb:
+            start = time.monotonic()
+            with pytest.raises(PermissionError, match="cannot write a.txt in the sandbox: .* within 1s"):
+                await sb.write_file("a.txt", "text\n")
+            assert time.monotonic() - start < 10
+            assert (await sb.exec("echo alive", timeout=10)).output == "alive\n"
+
+    run(go())

@@ -162,9 +162,14 @@ class CodingEpisodeEnv:
         task.add_done_callback(self._disposing.discard)
 
     async def _close_sandbox(self) -> None:
+        """Close the episode's sandbox. A cancellation meanwhile leaves the close running, and
+        ``close()`` waits for it: cut half-way, it would leave the sandbox to no one."""
         if self.sandbox is not None:
             sandbox, self.sandbox = self.sandbox, None
-            await sandbox.close()
+            closing = asyncio.ensure_future(sandbox.close())
+            self._disposing.add(closing)
+            closing.add_done_callback(self._disposing.discard)
+            await asyncio.shield(closing)
 
     async def close(self) -> None:
         await self._close_sandbox()

@@ -247,9 +247,7 @@ class EngineConfig(Section):
     def _address_and_port(cls, value: str) -> str:
         host, _, port = value.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
-                f"{value!r} is not ADDRESS:PORT (a port from 1 to 65535); e.g. 10.0.0.5:29600"
-            )
+            raise ValueError(f"{value!r} is not ADDRESS:PORT (a port from 1 to 65535); e.g. 10.0.0.5:29600")
         return value
 
     @model_validator(mode="after")

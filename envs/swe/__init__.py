@@ -194,15 +194,15 @@ class SweEnv(CodingEpisodeEnv):
         """Grade ``patch`` against ``row`` (the episode's by default) in a fresh sandbox; the report
         is returned and kept as ``self.last_grade``."""
         row = row or self.row
-        if row is None:
-            raise RuntimeError("grade_patch() needs a reset() first, or a row")
-        self._check_backend(row)
-        full_tree = None if row.from_image else (await asyncio.to_thread(trees, row))[0]
-        if fresh is None:
-            sandbox = self._sandbox(row)
-            fresh = sandbox, asyncio.ensure_future(sandbox.start())
-        sandbox, starting = fresh
-        try:
+        try:  # a sandbox handed in is disposed of whatever happens, a cancellation included
+            if row is None:
+                raise RuntimeError("grade_patch() needs a reset() first, or a row")
+            self._check_backend(row)
+            full_tree = None if row.from_image else (await asyncio.to_thread(trees, row))[0]
+            if fresh is None:
+                sandbox = self._sandbox(row)
+                fresh = sandbox, asyncio.ensure_future(sandbox.start())
+            sandbox, starting = fresh
             await starting
             if row.from_image:
                 report = await grading.grade_image_row(sandbox, row, patch, timeout=self.grade_timeout)
@@ -216,6 +216,7 @@ class SweEnv(CodingEpisodeEnv):
                     partial_credit=self.partial_credit,
                 )
         finally:
-            self._dispose(fresh)
+            if fresh is not None:
+                self._dispose(fresh)
         self.last_grade = report
         return report

@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 
 import pytest
 
@@ -612,3 +613,27 @@ def test_a_trajectory_that_breaks_an_invariant_at_the_end_is_kept_without_its_to
     t = run(run_episode(EchoEnv(2), OutputEngine([eot], [float("nan")]), tok, Task("t"), LoopConfig()))
     assert t.status == "engine_error" and len(t) == 0 and t.turns == [] and t.validate() is t
     assert t.extra["error"].startswith("TrajectoryError: rollout_logprobs[") and "= nan" in t.extra["error"]
+
+
+def test_an_episode_sandbox_whose_close_is_cancelled_is_closed_all_the_same(tiny):
+    env = make("bugfix-v0", sandbox="local")
+
+    async def go():
+        await env.reset(env.task("train", 0))
+        sandbox = env.sandbox
+        close = sandbox.close
+
+        async def slow_close():
+            await asyncio.sleep(0.5)
+            await close()
+
+        sandbox.close = slow_close
+        closing = asyncio.ensure_future(env._close_sandbox())
+        await asyncio.sleep(0.1)
+        closing.cancel()  # the episode's deadline, while its sandbox closes
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        await env.close()  # waits for the close the cancellation left running
+        return await sandbox.alive()
+
+    assert run(go()) is False

@@ -511,3 +511,22 @@ def test_swe_grade_reads_a_plain_diff_and_drops_a_test_edit_smuggled_into_a_sect
     assert plain_report["resolved"] is True and plain_report["dropped_paths"] == []
     assert smuggled_report["resolved"] is True
     assert smuggled_report["dropped_paths"] == ["tests/test_clamp.py (a test file)"]
+
+
+def test_grade_patch_disposes_of_the_sandbox_it_was_handed_when_it_cannot_grade():
+    env = SweEnv(sandbox="local")
+    closed = []
+
+    class Started:  # a grading sandbox _finish started for it
+        async def close(self):
+            closed.append(True)
+
+    async def go():
+        starting = asyncio.get_running_loop().create_future()
+        starting.set_result(None)
+        with pytest.raises(RuntimeError, match="needs a reset"):
+            await env.grade_patch("", (Started(), starting))
+        await env.close()
+
+    asyncio.run(go())
+    assert closed == [True]

@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from agentrl.coding_tools import CodingTools
 from agentrl.env import StepResult
 from agentrl.sandbox import SandboxError
-from agentrl.tools import CodingTools, ToolCall, validate_call
+from agentrl.tools import ToolCall, validate_call
 
 REMINDER = "You did not call a tool. Use a tool to make progress, or call submit if you are done."
 ON_NO_TOOL_CALL = ("end", "remind")

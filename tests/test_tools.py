@@ -2,11 +2,11 @@ import asyncio
 
 import pytest
 
+from agentrl.coding_tools import CodingTools
 from agentrl.sandbox import make_sandbox
 from agentrl.tools import (
     CODING_TOOLS,
     MAX_CALLS_PER_TURN,
-    CodingTools,
     ToolCall,
     function_spec,
     get_parser,

@@ -16,8 +16,9 @@ import time
 
 from agentrl.env import Observation, StepResult, Task
 from agentrl.models import tiny_tokenizer
-from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
+from agentrl.rollout.agent_loop import LoopConfig, run_episode
 from agentrl.rollout.engine import Generation
+from agentrl.rollout.render import Renderer
 from agentrl.tools import CODING_TOOLS
 
 
@@ -60,7 +61,7 @@ class MemoryEnv:
 
 async def per_turn_overhead(tok, output_ids, episodes=5, turns=100):
     early, late = [], []
-    renderer = _Renderer(tok, None)
+    renderer = Renderer(tok, None)
     cfg = LoopConfig(max_turns=turns + 1, max_context=1_000_000, max_new_tokens=64)
     for _ in range(episodes):
         engine = InstantEngine(output_ids)
@@ -73,7 +74,7 @@ async def per_turn_overhead(tok, output_ids, episodes=5, turns=100):
 
 
 async def throughput(tok, output_ids, n=256, turns=10):
-    renderer = _Renderer(tok, None)
+    renderer = Renderer(tok, None)
     cfg = LoopConfig(max_turns=turns + 1, max_context=1_000_000, max_new_tokens=64)
     engine = InstantEngine(output_ids)
     start = time.perf_counter()

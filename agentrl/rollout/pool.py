@@ -20,8 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.env import AgentEnv, Task
-from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
+from agentrl.rollout.agent_loop import LoopConfig, run_episode
 from agentrl.rollout.engine import Engine
+from agentrl.rollout.render import Renderer
 from agentrl.store import TrajectoryStore
 from agentrl.trajectory import Trajectory
 
@@ -44,7 +45,7 @@ class RolloutPool:
         self.env_factory, self.engine, self.tokenizer = env_factory, engine, tokenizer
         self.config = config or LoopConfig()
         self.store, self.concurrency, self.n_samples, self.progress = store, concurrency, n_samples, progress
-        self.renderer = _Renderer(tokenizer, self.config.end_of_turn)
+        self.renderer = Renderer(tokenizer, self.config.end_of_turn)
 
     async def _episode(self, task: Task, sample: int, slots: asyncio.Semaphore) -> Trajectory:
         async with slots:

@@ -8,8 +8,9 @@ plays an environment's ``Demonstration`` that way, for supervised warm starts an
 from __future__ import annotations
 
 from agentrl.env import AgentEnv, Demonstration, Task
-from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
+from agentrl.rollout.agent_loop import LoopConfig, run_episode
 from agentrl.rollout.engine import Generation, SamplingParams
+from agentrl.rollout.render import Renderer
 from agentrl.tools import RENDERERS
 from agentrl.trajectory import Trajectory
 
@@ -70,7 +71,7 @@ async def play_demonstration(
     demo: Demonstration,
     loop: LoopConfig,
     *,
-    renderer: _Renderer | None = None,
+    renderer: Renderer | None = None,
 ) -> Trajectory:
     """One episode of ``task`` in which the assistant's turns are ``demo``'s, through the real loop.
     A turn marked ``trainable=False`` keeps loss mask 0 (played, not imitated); ``extra`` records the

@@ -10,8 +10,8 @@ from collections import Counter
 import torch
 
 from agentrl.config import ConfigError
-from agentrl.rollout.agent_loop import _Renderer
 from agentrl.rollout.from_config import loop_config
+from agentrl.rollout.render import Renderer
 from agentrl.rollout.scripted import play_demonstration
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.backend import Batch
@@ -24,7 +24,7 @@ async def demonstration_episodes(run: Run, indices: list[int]) -> list[Trajector
     (the same rendering, parsing, tools and grading as the policy's), ``rollout.concurrency`` at a
     time. A task the environment has no demonstration for is skipped."""
     cfg = run.cfg
-    renderer = _Renderer(run.tokenizer, None)
+    renderer = Renderer(run.tokenizer, None)
     loop = loop_config(cfg)
     # a demonstration is never cut short by the policy's budgets
     loop.max_new_tokens, loop.max_context = max(loop.max_new_tokens, 1024), max(loop.max_context, 16384)

@@ -6,9 +6,10 @@ import pytest
 from agentrl.env import Task, make
 from agentrl.envs.bugfix import BugfixEnv
 from agentrl.models import tiny_chat_model
-from agentrl.rollout.agent_loop import LoopConfig, _Renderer, run_episode
+from agentrl.rollout.agent_loop import LoopConfig, run_episode
 from agentrl.rollout.engine import EngineError
 from agentrl.rollout.local import LocalEngine
+from agentrl.rollout.render import Renderer
 from agentrl.rollout.scripted import ScriptedEngine, demonstration_texts
 from agentrl.tools import PARSERS
 from tests.rollout.fakes import EchoEnv, FixedEngine, RecordingEngine
@@ -325,7 +326,7 @@ def test_cancellation_deadlines_and_env_timeouts_end_the_right_way(tiny):
 def test_an_end_of_turn_that_is_not_one_token_is_refused_by_name(tiny):
     _, tok = tiny
     with pytest.raises(ValueError, match=r"loop.end_of_turn='</turn>' is not one token of the tokenizer"):
-        _Renderer(tok, "</turn>")
+        Renderer(tok, "</turn>")
 
 
 def test_a_task_given_twice_in_one_rollout_gets_other_samples_the_second_time(tiny):
@@ -388,7 +389,7 @@ def test_a_template_that_takes_no_tool_messages_still_builds_a_renderer(tiny):
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' }}{%- endif -%}"
     )
-    render = _Renderer(tok, None)
+    render = Renderer(tok, None)
     ids = render.observation([{"role": "user", "content": "ok 1"}], after_eot=True)
     assert tok.decode(ids) == "\n<|im_start|>user\nok 1<|im_end|>\n<|im_start|>assistant\n"
 

@@ -173,6 +173,8 @@ hash and ``GIT_FINGERPRINT`` (which must equal those at start for the sandbox to
 # Exit codes (``file_op_error`` turns them into exceptions): 72 missing, 73 outside the workspace
 # (the resolved path on stdout), 74 a directory, 75 not a regular file, 76/77 cannot create/write,
 # 78 larger than READ_LIMIT (its size on stdout): the bytes would all reach the host's process.
+FILE_OP_CODES = frozenset({0, 64, *range(70, 79)})
+"""The exit codes of ``FILE_OPS`` itself; any other means it did not run to its end."""
 READ_LIMIT = 16 << 20
 """Bytes of the largest file the editor reads (``view``, ``str_replace``, ``insert``)."""
 FILE_OPS = r"""

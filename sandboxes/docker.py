@@ -65,6 +65,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from agentrl.sandbox import (
     ARGUMENT_CHARS,
+    FILE_OP_CODES,
     FILE_OPS,
     GIT_RESET,
     WORKSPACE_SETUP,
@@ -908,17 +909,36 @@ class DockerSandbox(AsyncStartClose):
 
     def _file_op(self, op: str, path: str, *args: str) -> bytes:
         """Run one ``FILE_OPS`` operation as the sandbox's user; blocking. Returns its stdout."""
+        import docker
+
         api = self._client.api
         argv = ["timeout", "-s", "KILL", str(FILE_OP_TIMEOUT), "bash", "-c", FILE_OPS, "agentrl", op]
-        exec_id = _retry(api.exec_create)(
-            self.container_id, [*argv, self.workdir, path, *args], user=self.config.user
-        )["Id"]
-        stdout, stderr = api.exec_start(exec_id, demux=True)
-        code = api.exec_inspect(exec_id)["ExitCode"]
+        try:
+            exec_id = _retry(api.exec_create)(
+                self.container_id, [*argv, self.workdir, path, *args], user=self.config.user
+            )["Id"]
+            stdout, stderr = api.exec_start(exec_id, demux=True)
+            code = api.exec_inspect(exec_id)["ExitCode"]
+        except docker.errors.APIError:
+            self._out_of_processes(op, path)
+            raise
+        if code not in FILE_OP_CODES:  # not FILE_OPS's own answer: it may not have started at all
+            self._out_of_processes(op, path)
         error = file_op_error(code, op, path, self.workdir, stdout or b"", stderr or b"")
         if error is not None:
             raise error
         return stdout or b""
+
+    def _out_of_processes(self, op: str, path: str) -> None:
+        """After a file operation failed: when the container was at its pids limit (a fork bomb left
+        running between two commands), kill the agent's processes, as the next command would, and
+        tell the agent so."""
+        if self._recover_from_fork_bomb():
+            what = "read" if op == "read" else "write"
+            raise PermissionError(
+                f"cannot {what} {path}: the sandbox had run out of processes (a fork bomb left running "
+                "in the background); every process the agent started was killed. Try again"
+            )
 
     async def read_file(self, path: str) -> bytes:
         """The bytes of a file inside the workspace, read as the sandbox's user."""

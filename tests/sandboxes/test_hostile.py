@@ -658,3 +658,24 @@ def test_a_file_operation_that_hangs_is_an_error_the_agent_reads(monkeypatch):
             assert (await sb.exec("echo alive", timeout=10)).output == "alive\n"
 
     run(go())
+
+
+def test_a_file_operation_at_the_pids_limit_kills_the_agents_processes_and_says_so():
+    """A fork bomb left in the background holds the pids limit when the editor is called: the file
+    operation cannot start, and rather than a misleading error (a fork failure read as a missing
+    permission), the agent's processes are killed, as the next command would, and the agent is told."""
+    require_docker()
+    fill = FILL_TO_THE_LIMIT.replace("for pid in kids[:20]:\n", "for pid in []:\n")  # keep them all
+
+    async def go():
+        async with sandbox("docker") as sb:
+            await sb.write_file("a.txt", "before\n")
+            code, forked = await sb._call(sb._control, f"python3 -c '{fill}'", user=sb.config.user)
+            assert code == 0 and int(forked) > 50, forked
+            with pytest.raises(PermissionError, match="had run out of processes .* Try again"):
+                await sb.write_file("a.txt", "after\n")
+            await sb.write_file("a.txt", "after\n")  # and again, now that they are gone
+            return await sb.read_file("a.txt"), await sb.exec("ps -e | wc -l", timeout=10)
+
+    data, after = run(go())
+    assert data == b"after\n" and int(after.output) < 10, after

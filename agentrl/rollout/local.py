@@ -4,7 +4,9 @@ Requests that arrive together (within ``batch_wait_s`` of each other, up to ``ma
 are decoded together: left-padded, one forward per step with a KV cache preallocated for the
 batch's longest answer (written in place, not concatenated at every step). A request that
 finishes leaves the batch (its rows of the cache dropped) once an eighth of the rows have
-finished, so the rest decode as a smaller batch. Requests that arrive while a batch runs wait
+finished, so the rest decode as a smaller batch. A request whose caller stops waiting (a cancelled
+task: an abort) finishes at the next step and leaves the batch like a finished one; a batch whose
+requests are all cancelled stops there. Requests that arrive while a batch runs wait
 for the next one. The model runs on a worker thread, so the event loop
 keeps stepping environments meanwhile. Log-probs follow SGLang's definition (see
 ``agentrl.rollout.engine``); sampling applies top-k and top-p after them.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -28,6 +31,8 @@ class _Request:
     input_ids: list[int]
     params: SamplingParams
     future: asyncio.Future
+    cancelled: threading.Event
+    """Set (on the event loop) when ``future`` is cancelled; read by the decoding thread between steps."""
 
 
 def _filter(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -177,7 +182,9 @@ class LocalEngine:
             raise EngineError("generate() needs at least one input token")
         self._ensure_worker()
         future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(list(input_ids), params, future))
+        cancelled = threading.Event()
+        future.add_done_callback(lambda f: cancelled.set() if f.cancelled() else None)
+        self._pending.append(_Request(list(input_ids), params, future, cancelled))
         self._wake.set()
         return await future
 
@@ -194,6 +201,9 @@ class LocalEngine:
                 continue
             try:
                 async with self._lock:
+                    batch = [r for r in batch if not r.future.done()]  # cancelled while the lock was held
+                    if not batch:
+                        continue
                     results = await loop.run_in_executor(self._thread, self._decode, batch)
             except Exception as e:  # the model failed: every request of the batch learns why
                 for r in batch:
@@ -256,6 +266,8 @@ class LocalEngine:
                     reasons[b] = "stop"
                 elif len(outputs[b]) >= p.max_new_tokens:
                     reasons[b] = "length"
+                elif batch[b].cancelled.is_set():  # nobody waits for it: its row stops here
+                    reasons[b] = "abort"
             keep = [row for row, b in enumerate(live) if reasons[b] is None]
             if not keep:
                 break

@@ -11,16 +11,21 @@ An ASGI app (Starlette, served by uvicorn) with SGLang 0.5.23's endpoints and JS
 CPU). Concurrent ``/generate`` requests are decoded together by ``LocalEngine``'s batcher.
 
 Where it differs from SGLang, it says so with a 400 rather than answering something else:
-text prompts, streaming, several prompts in one request, prompt log-probs, and sampling keys it does
-not implement (penalties, grammars, stop strings, ``n`` > 1) set to anything but their default. It
-has no prefix cache: ``/flush_cache`` only keeps SGLang's rule (400 while requests run). A pause
-holds new requests; a batch already running finishes (``abort`` mode aborts it instead).
+text prompts, streaming, several prompts in one request, prompt log-probs, top log-probs
+(``top_logprobs_num``, ``token_ids_logprob``), and sampling keys it does not implement (penalties,
+grammars, stop strings, ``n`` > 1) set to anything but their default. As SGLang does, it answers 400
+to a body that is not a JSON object and to a value of another JSON type than the contract's or out
+of SGLang's range, before the request joins a batch. It has no prefix cache: ``/flush_cache`` only
+keeps SGLang's rule (400 while requests run). A pause holds new requests; a batch already running
+finishes (``abort`` mode aborts it instead). An aborted request's decoding stops at the engine's
+next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 import uuid
 from typing import Any
@@ -65,6 +70,54 @@ DEFAULTS: dict[str, Any] = {
 """The sampling keys this server does not implement, with the values that make them no-ops."""
 assert HONOURED | set(DEFAULTS) == SAMPLING_KEYS
 
+_IS = {
+    "an integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "a number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "a boolean": lambda v: isinstance(v, bool),
+    "a string": lambda v: isinstance(v, str),
+    "a string or a list of strings": lambda v: (
+        isinstance(v, str) or (isinstance(v, list) and all(isinstance(e, str) for e in v))
+    ),
+    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(e, str) for e in v),
+    "a list of integers": lambda v: isinstance(v, list) and all(_IS["an integer"](e) for e in v),
+    "an object": lambda v: isinstance(v, dict),
+    "any JSON value": lambda v: True,
+}
+KINDS = {
+    "max_new_tokens": "an integer",
+    "stop": "a string or a list of strings",
+    "stop_token_ids": "a list of integers",
+    "stop_regex": "a string or a list of strings",
+    "temperature": "a number",
+    "top_p": "a number",
+    "top_k": "an integer",
+    "min_p": "a number",
+    "frequency_penalty": "a number",
+    "presence_penalty": "a number",
+    "repetition_penalty": "a number",
+    "min_new_tokens": "an integer",
+    "n": "an integer",
+    "json_schema": "a string",
+    "regex": "a string",
+    "ebnf": "a string",
+    "structural_tag": "a string",
+    "ignore_eos": "a boolean",
+    "skip_special_tokens": "a boolean",
+    "spaces_between_special_tokens": "a boolean",
+    "no_stop_trim": "a boolean",
+    "stream_interval": "an integer",
+    "logit_bias": "an object",
+    "sampling_seed": "an integer",
+    "custom_params": "any JSON value",
+    "beam_width": "an integer",
+    "watermark": "an object",
+    "choice": "a list of strings",
+}
+"""Each sampling key's JSON type in SGLang's contract (``api_types.SamplingParams``; null is its
+default): SGLang answers another with a 400 before the request is queued, and so does this server,
+so that a bad request never reaches a batch it would fail."""
+assert set(KINDS) == SAMPLING_KEYS
+
 
 class BadRequest(ValueError):
     """Answered 400 with ``{"error": {"message": ...}}``."""
@@ -77,46 +130,63 @@ def _sampling(sampling: Any, prompt_len: int, max_context: int, vocab: int) -> S
     if bad:  # SGLang's own wording (serde's unknown_field)
         valid = ", ".join(f"`{k}`" for k in sorted(SAMPLING_KEYS))
         raise BadRequest(f"unknown field `{bad[0]}`, expected one of {valid}")
+    for key, value in sampling.items():
+        if value is not None and not _IS[KINDS[key]](value):
+            raise BadRequest(f"sampling_params.{key} must be {KINDS[key]} (or null); got {value!r}")
     for key, default in DEFAULTS.items():
         if key in sampling and sampling[key] is not None and sampling[key] != default:
             raise BadRequest(
                 f"sampling_params.{key}={sampling[key]!r}: agentrl serve local does not implement it "
                 f"(only {', '.join(sorted(HONOURED))}); leave it out"
             )
-    top_k = sampling.get("top_k", -1)
-    if top_k is None or top_k >= 1 << 30:
-        top_k = -1
-    if top_k == 0:
-        raise BadRequest("sampling_params.top_k must be -1 (no top-k) or at least 1; got 0")
-    stops = sampling.get("stop_token_ids") or []
-    if any(not isinstance(t, int) or not 0 <= t < vocab for t in stops):
-        raise BadRequest(f"sampling_params.stop_token_ids must be token ids below {vocab}; got {stops}")
-    try:
-        params = SamplingParams(
-            max_new_tokens=sampling.get("max_new_tokens", 128),
-            temperature=sampling.get("temperature", 1.0),
-            top_p=sampling.get("top_p", 1.0),
-            top_k=top_k,
-            stop_token_ids=list(stops),
-            seed=sampling.get("sampling_seed"),
-        )
-    except (TypeError, ValueError) as e:
-        raise BadRequest(f"sampling_params: {e}") from None
     # SGLang's limits, in its words (CONTEXT_RESERVE): the tokenizer's, then the scheduler's
     limit = max_context - CONTEXT_RESERVE
     if prompt_len >= limit:
         raise BadRequest(
             f"Input length ({prompt_len} tokens) exceeds the maximum allowed length ({limit} tokens)."
         )
-    if prompt_len + params.max_new_tokens > max_context:
+    room = max_context - 2 - prompt_len
+    max_new_tokens = sampling.get("max_new_tokens", 128)
+    if max_new_tokens is None:  # SGLang: as many as the context holds
+        max_new_tokens = room
+    elif prompt_len + max_new_tokens > max_context:
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {max_context} tokens. "
-            f"You requested a total of {prompt_len + params.max_new_tokens} tokens: {prompt_len} tokens "
-            f"from the input messages and {params.max_new_tokens} tokens for the completion."
+            f"You requested a total of {prompt_len + max_new_tokens} tokens: {prompt_len} tokens "
+            f"from the input messages and {max_new_tokens} tokens for the completion."
         )
-    return dataclasses.replace(
-        params, max_new_tokens=min(params.max_new_tokens, max_context - 2 - prompt_len)
-    )
+    temperature = _given(sampling, "temperature", 1.0)
+    if not math.isfinite(temperature):  # Python's JSON reads NaN and Infinity
+        raise BadRequest(f"sampling_params.temperature must be a finite number; got {temperature}")
+    top_k = _given(sampling, "top_k", -1)
+    if top_k >= 1 << 30:
+        top_k = -1
+    if top_k < -1 or top_k == 0:
+        raise BadRequest(f"sampling_params.top_k must be -1 (no top-k) or at least 1; got {top_k}")
+    stops = _given(sampling, "stop_token_ids", [])
+    if any(not 0 <= t < vocab for t in stops):
+        raise BadRequest(f"sampling_params.stop_token_ids must be token ids below {vocab}; got {stops}")
+    seed = sampling.get("sampling_seed")
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise BadRequest(f"sampling_params.sampling_seed must be in [-2**63, 2**63 - 1]; got {seed}")
+    try:
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=_given(sampling, "top_p", 1.0),
+            top_k=top_k,
+            stop_token_ids=list(stops),
+            seed=seed,
+        )
+    except ValueError as e:
+        raise BadRequest(f"sampling_params.{e}") from None
+    return dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
+
+
+def _given(sampling: dict[str, Any], key: str, default: Any) -> Any:
+    """``sampling[key]``, or ``default`` where it is absent or null (the contract's default)."""
+    value = sampling.get(key)
+    return default if value is None else value
 
 
 class LocalServer:
@@ -143,6 +213,10 @@ class LocalServer:
         return self._resumed
 
     def abort(self, rid: str | None, message: str) -> int:
+        """Abort the requests whose rid starts with ``rid`` (every one for None); their decoding
+        stops at the engine's next step. An empty rid aborts none (SGLang ignores it)."""
+        if rid == "":
+            return 0
         # SGLang aborts every request whose rid starts with the one given, not only an equal one.
         rids = [r for r in self.running if rid is None or r.startswith(rid)]
         for r in rids:
@@ -156,7 +230,7 @@ class LocalServer:
         ids = body.get("input_ids")
         if ids is None:
             raise BadRequest("input_ids is required: agentrl serve local takes token ids, not text")
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+        if not isinstance(ids, list) or not ids or not all(_IS["an integer"](t) for t in ids):
             raise BadRequest("input_ids must be one non-empty list of token ids (one prompt per request)")
         if any(not 0 <= t < self.vocab_size for t in ids):
             raise BadRequest(f"input_ids holds ids outside the vocabulary [0, {self.vocab_size})")
@@ -164,6 +238,12 @@ class LocalServer:
             raise BadRequest("stream is not implemented by agentrl serve local; send stream: false")
         if body.get("logprob_start_len") not in (None, -1):
             raise BadRequest("logprob_start_len must be -1 (output log-probs only) here")
+        for key in ("top_logprobs_num", "token_ids_logprob"):
+            if body.get(key) not in (None, 0):
+                raise BadRequest(
+                    f"{key}={body[key]!r}: agentrl serve local returns only the output tokens' log-probs; "
+                    "leave it out"
+                )
         params = _sampling(body.get("sampling_params") or {}, len(ids), self.max_context, self.vocab_size)
         rid = body.get("rid") or uuid.uuid4().hex
         if not isinstance(rid, str):
@@ -303,16 +383,19 @@ def build_app(server: LocalServer):
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message}}, status_code=status)
 
-    async def body_of(request: Request) -> Any:
+    async def body_of(request: Request) -> dict[str, Any]:
         raw = await request.body()
         if not raw:
             return {}
         try:
             import json
 
-            return json.loads(raw)
+            body = json.loads(raw)
         except ValueError as e:
             raise BadRequest(f"the body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(f"the body must be a JSON object; got {type(body).__name__}")
+        return body
 
     async def generate(request: Request):
         try:
@@ -343,9 +426,10 @@ def build_app(server: LocalServer):
             body = await body_of(request)
         except BadRequest as e:
             return error(400, str(e))
-        rid = None if body.get("abort_all") else body.get("rid")
-        if rid is not None or body.get("abort_all"):
-            server.abort(rid, "aborted by /abort_request")
+        rid, every = body.get("rid", ""), body.get("abort_all", False)
+        if not isinstance(rid, str) or not isinstance(every, bool):  # the contract's AbortRequest
+            return error(400, f"rid must be a string and abort_all a boolean; got {rid!r} and {every!r}")
+        server.abort(None if every else rid, "aborted by /abort_request")
         return Response(status_code=200)
 
     async def flush_cache(request: Request):

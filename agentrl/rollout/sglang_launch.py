@@ -15,14 +15,17 @@ it started (SGLang's scheduler and detokenizer processes).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 @dataclass
@@ -95,7 +98,10 @@ class Launcher:
     def start(self, timeout_s: float) -> None:
         """Start the servers, wait for each to serve, then the router (it routes only to servers
         that answer), all within ``timeout_s``; ``RuntimeError`` naming the process and its log
-        when one exits or does not answer in time."""
+        when one exits or does not answer in time, or naming the port when one is taken before any
+        starts (what answers there is not ours, and ours would die on it)."""
+        for proc in self.plan:
+            _check_port_free(proc)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
         servers = [p for p in self.plan if p.name != "router"]
@@ -116,12 +122,11 @@ class Launcher:
     def _wait(self, proc: Process, deadline: float, timeout_s: float) -> None:
         log = self.log_dir / f"{proc.name}.log"
         while True:
-            code = proc.popen.poll()
-            if code is not None:
-                raise RuntimeError(f"{proc.name} exited with status {code} before serving; see {log}")
+            self._check_running(proc, log)
             try:
                 with urllib.request.urlopen(proc.url + proc.health, timeout=30) as r:
                     if r.status == 200:
+                        self._check_running(proc, log)  # the answer came from our process
                         return
             except OSError:
                 pass
@@ -130,6 +135,14 @@ class Launcher:
                     f"{proc.name} did not answer {proc.url}{proc.health} in {timeout_s:g}s; see {log}"
                 )
             time.sleep(1.0)
+
+    @staticmethod
+    def _check_running(proc: Process, log: Path) -> None:
+        code = proc.popen.poll()
+        if code is not None:
+            raise RuntimeError(
+                f"{proc.name} exited with status {code} before serving; see {log}:\n{_tail(log)}"
+            )
 
     def wait(self) -> int:
         """Block until a process exits; its status (the others are then stopped by ``stop``)."""
@@ -152,6 +165,30 @@ class Launcher:
                 _signal_group(proc.popen, signal.SIGKILL)
                 proc.popen.wait()
             _signal_group(proc.popen, signal.SIGKILL)  # children the leader left behind
+
+
+def _check_port_free(proc: Process) -> None:
+    """``RuntimeError`` naming ``proc``'s port when something listens there already."""
+    url = urlsplit(proc.url)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no obstacle
+        try:
+            s.bind((url.hostname, url.port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return  # not ours to judge (a privileged port, an address of another host): the server tells
+            raise RuntimeError(
+                f"{proc.name}: port {url.port} on {url.hostname} is already in use (another server still "
+                f"running?); stop what listens there, or choose another port (--port, engine.launch.port)"
+            ) from None
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    try:
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "  (no log)"
+    return "\n".join(f"  {line}" for line in text)
 
 
 def _signal_group(popen: subprocess.Popen, signum: int) -> None:

@@ -291,3 +291,62 @@ def test_a_bucket_of_a_broadcast_lands_whole_or_not_at_all(tiny):
     asyncio.run(go())
     state = engine.model.state_dict()
     assert [k for k in state if not torch.equal(state[k], served[k])] == ["model.norm.weight"]
+
+
+async def _once_decoding(engine, batches: int) -> None:
+    """Until the engine has started its ``batches``-th batch (its decoding thread is stepping)."""
+    for _ in range(1000):
+        if engine.stats["batches"] >= batches:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the batch did not start")
+
+
+def test_a_cancelled_request_stops_decoding_and_the_next_one_does_not_wait_for_it(tiny):
+    """An abort cancels the caller's task: the batch it ran alone in stops at the next step and
+    frees the engine, instead of decoding on to max_new_tokens while later requests wait."""
+    model, tok = tiny
+    engine = LocalEngine(model)
+    steps = 2000
+
+    async def go():
+        prompt = tok.encode("def f(x):", add_special_tokens=False)
+        task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_new_tokens=steps, seed=0)))
+        await _once_decoding(engine, 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = await engine.generate(prompt, SamplingParams(max_new_tokens=3, seed=0))
+        await engine.close()
+        return after
+
+    after = asyncio.run(go())
+    assert len(after.output_ids) == 3 and after.finish_reason == "length"
+    # Without the stop: the cancelled request's 2000 row-steps, then the next one's 3.
+    assert engine.stats["row_steps"] < steps, engine.stats
+
+
+def test_a_cancelled_request_leaves_its_batch_and_changes_no_other_row(tiny):
+    model, tok = tiny
+    steps = 300
+    prompts = [tok.encode("x = 1\n" * (i + 1), add_special_tokens=False) for i in range(3)]
+    params = [SamplingParams(max_new_tokens=steps, temperature=0.8, seed=i) for i in range(3)]
+
+    async def go():
+        engine = LocalEngine(model)
+        tasks = [asyncio.create_task(engine.generate(p, sp)) for p, sp in zip(prompts, params, strict=True)]
+        await _once_decoding(engine, 1)
+        tasks[1].cancel()
+        first, last = await tasks[0], await tasks[2]
+        assert tasks[1].cancelled()
+        alone = [await engine.generate(prompts[i], params[i]) for i in (0, 2)]
+        await engine.close()
+        return [first, last], alone, engine.stats
+
+    together, alone, stats = asyncio.run(go())
+    for g, a in zip(together, alone, strict=True):
+        assert g.finish_reason == "length" and len(g.output_ids) == steps
+        assert g.output_ids == a.output_ids
+        assert g.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    # The batch ran 3 rows until the cancelled one left, then 2; then the two alone.
+    assert stats["batches"] == 3 and stats["row_steps"] - 2 * steps < 3 * steps, stats

@@ -241,3 +241,60 @@ def test_weight_versions_advance_without_growing():
         "default-2",
         "v2.11",
     ]
+
+
+def test_a_port_that_another_server_answers_on_is_refused_before_anything_starts(tmp_path):
+    """Another run's server on the port answers the health check at once, while ours would die on
+    "address already in use": the launcher names the port instead of taking that server for its own."""
+    import http.server
+    import threading
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    port = free_port()
+    other = http.server.HTTPServer(("127.0.0.1", port), Healthy)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    script = tmp_path / "server.py"
+    script.write_text(STAND_IN)
+    ours = Process(
+        "serve-local",
+        [PY, str(script), str(port), str(tmp_path / "child"), "0.5"],
+        f"http://127.0.0.1:{port}",
+        "/health_generate",
+    )
+    launcher = Launcher([ours], tmp_path / "logs")
+    try:
+        with pytest.raises(
+            RuntimeError,
+            match=rf"serve-local: port {port} on 127.0.0.1 is already in use .*choose another port",
+        ):
+            launcher.start(timeout_s=30)
+        assert ours.popen is None  # nothing was started
+    finally:
+        launcher.stop(grace_s=2)
+        other.shutdown()
+        other.server_close()
+
+
+def test_a_server_that_exits_before_serving_is_reported_with_the_end_of_its_log(tmp_path):
+    lines = "; ".join(f"print('line {i}')" for i in range(30))
+    dying = Process(
+        "sglang-0",
+        [PY, "-c", f"import sys; {lines}; print('CUDA error: out of memory'); sys.exit(3)"],
+        f"http://127.0.0.1:{free_port()}",
+        "/health",
+    )
+    launcher = Launcher([dying], tmp_path)
+    with pytest.raises(RuntimeError) as e:
+        launcher.start(timeout_s=30)
+    launcher.stop()
+    message = str(e.value)
+    assert "sglang-0 exited with status 3 before serving" in message
+    assert message.endswith("line 29\n  CUDA error: out of memory")
+    assert "line 10\n" not in message  # the last 20 lines only

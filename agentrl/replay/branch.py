@@ -92,6 +92,11 @@ def run_config(run_dir: Path, overrides: list[str]):
         saved = json.loads(config.read_text())
     except ValueError as e:
         raise ReplayError(f"{config} is not the JSON that `agentrl train` writes ({e})") from None
+    if not isinstance(saved, dict):  # the settings given with --set merge into an object only
+        raise ReplayError(
+            f"{config} is not the JSON that `agentrl train` writes (a JSON {type(saved).__name__}, not an "
+            "object of settings); give the run directory of an `agentrl train` run"
+        )
     try:
         return validate_settings(
             TrainConfig, _merge(saved, read_settings(None, overrides)), str(config), overrides

@@ -70,10 +70,7 @@ class Episode:
 
     @property
     def extra(self) -> dict[str, Any]:
-        extra = self.record.get("extra", {})
-        if isinstance(extra, str):  # the store keeps it as JSON text (Trajectory.to_record)
-            extra = json.loads(extra)
-            self.record["extra"] = extra
+        extra = self.record.get("extra", {})  # parsed by ``read``, which calls any other damage
         return extra if isinstance(extra, dict) else {}
 
     @property
@@ -85,7 +82,9 @@ class Episode:
     def trajectory(self) -> Trajectory:
         """The whole trajectory, read again from its shard."""
         try:
-            return Trajectory.from_record(TrajectoryStore.record_at(self.shard, self.offset))
+            # validated: a page or transcript of spans past the tokens, or of a role that is none,
+            # would index out of range or write the role into the page as it is
+            return Trajectory.from_record(TrajectoryStore.record_at(self.shard, self.offset)).validate()
         except (OSError, ValueError, TypeError) as e:  # TrajectoryError is a ValueError
             raise ReplayError(f"episode {self.id} cannot be shown: {e}") from None
 
@@ -155,6 +154,15 @@ def read(store: Path) -> tuple[list[Episode], list[Damage]]:
             if record.get("status") not in STATUSES:
                 raise ValueError(f"status {record.get('status')!r} is not one of {STATUSES}")
             float(record.get("reward", 0.0))
+            # extra is JSON text (Trajectory.to_record): parsed here, where its damage is reported
+            extra = record.get("extra", {})
+            if isinstance(extra, str):
+                try:
+                    record["extra"] = extra = json.loads(extra)
+                except ValueError as e:
+                    raise ValueError(f"extra is not JSON: {e}") from None
+            if not isinstance(extra, dict):
+                raise ValueError(f"extra is a JSON {type(extra).__name__}, not an object")
         except (KeyError, TypeError, ValueError, RecursionError) as e:  # ValueError: bad JSON too
             why = f"missing {e}" if isinstance(e, KeyError) else str(e)
             damage.append(Damage(shard.name, line, offset, f"not a trajectory record ({why})"))

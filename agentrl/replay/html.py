@@ -168,7 +168,7 @@ def page(
             )
         trained = sum(t.loss_mask[span.start : span.end])
         sections.append(
-            f'<section class="turn" data-role="{span.role}" data-turn="{assistant}">'
+            f'<section class="turn" data-role="{html.escape(span.role)}" data-turn="{assistant}">'
             f"<h3>{html.escape(head)} · tokens [{span.start}, {span.end}), {trained} trained</h3>"
             f'<div class="tokens">{"".join(toks)}</div></section>'
         )
@@ -205,5 +205,6 @@ def write(episode: Episode, out: str | Path, run_dir: Path | None) -> list[str]:
     t = episode.trajectory()
     stats, damage = token_stats.find(run_dir, t) if run_dir is not None else (None, None)
     texts = token_texts(run_dir / "tokenizer" if run_dir is not None else None, t.input_ids)
-    Path(out).write_text(page(episode, stats=stats, texts=texts))
+    # a lone surrogate (text an env decoded with surrogateescape) is written as its escape, \udcff
+    Path(out).write_text(page(episode, stats=stats, texts=texts), encoding="utf-8", errors="backslashreplace")
     return [damage] if damage else []

@@ -19,7 +19,9 @@ once the run has ended; ``config.json``; the trajectory store) and writes, into 
 A run still going (no ``summary.json``) is reported as far as it has got. Damaged lines of
 ``metrics.jsonl`` are skipped, counted on the page and named in the warnings ``write`` returns,
 with damaged episode records and token stats files; a ``metrics.jsonl`` with no intact line is an
-error, as a directory without one is.
+error, as a directory without one is. A value of the wrong type where the page reads one (a
+metric that is no number, ``statuses`` that are no counts, a ``run`` setting that is no mapping)
+is left out, the page made without it, and named with its file and field in a warning.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ PANELS = (  # (title, [(metrics key, label)])
     ("critic", [("critic/explained_var_before", "explained variance (before its update)")]),
     ("throughput", [("rollout_tokens_per_s", "rollout tokens/s"), ("train_tokens_per_s", "train tokens/s")]),
 )
+NUMBERS = tuple(dict.fromkeys([k for _, k, _ in COLUMNS] + [k for _, series in PANELS for k, _ in series]))
+"""The metrics the page shows or draws: a number each, where a record holds it."""
 
 
 @dataclass
@@ -72,8 +76,69 @@ class RunData:
 
     @property
     def n_eval(self) -> int:
-        n = self.summary.get("eval_tasks") or (self.config.get("env") or {}).get("eval_tasks")
-        return int(n) if isinstance(n, int | float) and n > 0 else 0
+        env = self.config.get("env")
+        n = self.summary.get("eval_tasks") or (env.get("eval_tasks") if isinstance(env, dict) else None)
+        return int(n) if _is_number(n) and n > 0 else 0
+
+    @property
+    def name(self) -> str:
+        run = self.config.get("run")
+        name = run.get("name") if isinstance(run, dict) else None
+        return name if isinstance(name, str) and name else self.path.name
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _mistyped_metrics(record: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """``(field, value, what it should be)`` of each field of ``record`` that the page reads and
+    that has the wrong type; those fields are removed from ``record``."""
+    bad = [
+        (key, record.pop(key), "a number") for key in NUMBERS if key in record and not _is_number(record[key])
+    ]
+    statuses = record.get("statuses")
+    if statuses is not None and not (
+        isinstance(statuses, dict) and all(_is_number(n) and n >= 0 for n in statuses.values())
+    ):
+        bad.append(("statuses", record.pop("statuses"), "a mapping of status to episode count"))
+    return bad
+
+
+def _mistyped_files(data: RunData) -> list[str]:
+    """Warnings for the values of summary.json and config.json the page reads that have the wrong
+    type; those of the summary are set to null (not measured), the config is shown as it is."""
+    warnings = []
+    for key in ("eval_before", "eval_after", "seconds"):
+        value = data.summary.get(key)
+        if value is not None and not _is_number(value):
+            data.summary[key] = None
+            warnings.append(
+                f"{data.path / 'summary.json'}: {key} = {_short(value)} is not a number; "
+                "shown as not measured"
+            )
+    config = data.path / "config.json"
+    run, env = data.config.get("run"), data.config.get("env")
+    if run is not None and not isinstance(run, dict):
+        warnings.append(
+            f"{config}: run = {_short(run)} is not a mapping of settings (run.name, ...); "
+            "the run is named after its directory"
+        )
+    elif isinstance(run, dict) and run.get("name") is not None and not isinstance(run["name"], str):
+        warnings.append(
+            f"{config}: run.name = {_short(run['name'])} is not a string; the run is named after its directory"
+        )
+    if env is not None and not isinstance(env, dict):
+        warnings.append(
+            f"{config}: env = {_short(env)} is not a mapping of settings (env.id, env.eval_tasks, ...); "
+            "the number of held-out tasks is taken from summary.json alone"
+        )
+    return warnings
 
 
 def _json_file(path: Path) -> dict[str, Any]:
@@ -102,6 +167,7 @@ def load(run: str | Path) -> RunData:
             "finished its first iteration; give runs/NAME of an `agentrl train` run"
         )
     records, damaged = [], []
+    mistyped: dict[tuple[str, str], tuple[list[int], Any]] = {}  # (field, expected) -> (lines, a value)
     for n, line in enumerate(metrics.read_text(errors="replace").splitlines(), 1):
         try:
             record = json.loads(line)
@@ -110,6 +176,8 @@ def load(run: str | Path) -> RunData:
             continue
         if isinstance(record, dict) and isinstance(record.get("iteration"), int):
             records.append(record)
+            for key, value, expected in _mistyped_metrics(record):
+                mistyped.setdefault((key, expected), ([], value))[0].append(n)
         else:
             damaged.append(n)
     if damaged and not records:
@@ -127,6 +195,13 @@ def load(run: str | Path) -> RunData:
         data.warnings.append(
             f"{metrics} line{'s' if len(damaged) > 1 else ''} {lines}: not a metrics record; skipped"
         )
+    for (key, expected), (at, value) in mistyped.items():
+        lines = ", ".join(map(str, at[:10])) + (f" and {len(at) - 10} more" if len(at) > 10 else "")
+        data.warnings.append(
+            f"{metrics} line{'s' if len(at) > 1 else ''} {lines}: {key} = {_short(value)} is not {expected}; "
+            "left out of the report"
+        )
+    data.warnings += _mistyped_files(data)
     store = path / "trajectories"
     if store.is_dir() and any(store.glob("*.jsonl.gz")):
         data.episodes, damage = read(store)
@@ -325,7 +400,7 @@ def write(run: str | Path, out: str | Path | None = None) -> tuple[Path, list[st
         "<li>no per-token stats recorded (train with debug.token_stats_every=N)</li>"
     )
 
-    name = html.escape((data.config.get("run") or {}).get("name") or data.path.name)
+    name = html.escape(data.name)
     n = data.n_eval
     gain = after - before if all(isinstance(v, int | float) for v in (before, after)) else float("nan")
     state = "ended" if s else "still going, or stopped before its end (no summary.json)"
@@ -339,7 +414,7 @@ def write(run: str | Path, out: str | Path | None = None) -> tuple[Path, list[st
         f"{before:.3f}{_noise(before, n)} before RL &rarr; {after:.3f}{_noise(after, n)} "
         f"{'after' if s else 'at the last evaluation'} (gain {gain:+.3f}); ± is one standard error.</p>"
     )
-    if "seconds" in s:
+    if s.get("seconds") is not None:
         held += f"<p>{s['seconds'] / 60:.1f} minutes in all.</p>"
     rows = [
         "<tr><th>iteration</th>"
@@ -387,5 +462,5 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}pre{{font-size:12
 <details><summary>config.json</summary><pre>{config}</pre></details>
 </body></html>
 """
-    (out / "index.html").write_text(page)
+    (out / "index.html").write_text(page, encoding="utf-8", errors="backslashreplace")
     return out / "index.html", list(dict.fromkeys(warnings))  # one line per damaged file

@@ -4,7 +4,9 @@ The transcript goes turn by turn: the assistant's text (the tokens the policy sa
 trained on, style ``trained``), then its tool calls and what they returned, with exit codes and
 the turn's generate and tool seconds (style ``masked``: observations are never trained on), then
 the episode's status, reward, token counts and the grading report when one was recorded.
-Everything the agent or a tool wrote is printed as plain text, never read as rich markup.
+Everything the agent or a tool wrote is printed as plain text, never read as rich markup, with
+its control characters but newline and tab shown escaped (``\x1b``): an escape sequence in a
+model's text or a tool's output would otherwise act on the terminal that shows it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ STATUS_STYLE = {
 }
 MAX_LINES = 40
 """Lines of one message or tool output shown; the rest is counted, not printed."""
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (0x09, 0x0A)}
+
+
+def plain(text: object) -> str:
+    """``text`` with its control characters (C0, DEL, C1) but newline and tab escaped, ``\\x1b``."""
+    return str(text).translate(_CONTROL)
 
 
 # -- list view --
@@ -43,7 +51,7 @@ def list_view(out: TextIO, episodes: Iterable[Episode]) -> Counter:
     for e in episodes:
         counts[e.status] += 1
         lines.append(
-            f"{e.id:<16} {e.task:<28} {e.status:<17} {e.reward:>7.3g} {e.turns:>5} {e.tokens:>7} {e.trained:>7}"
+            f"{e.id:<16} {plain(e.task):<28} {plain(e.status):<17} {e.reward:>7.3g} {e.turns:>5} {e.tokens:>7} {e.trained:>7}"
         )
     out.write("\n".join(lines) + "\n")
     return counts
@@ -60,6 +68,7 @@ def summary_line(counts: Counter, damage: list[Damage]) -> str:
 
 # -- transcript --
 def _clip(text: str, max_lines: int = MAX_LINES) -> str:
+    text = plain(text)
     lines = text.splitlines()
     if len(lines) <= max_lines:
         return text.rstrip("\n")
@@ -99,18 +108,18 @@ def _span_counts(trajectory: Trajectory, start: int, end: int) -> str:
 
 
 def _message(console: Console, m: dict[str, Any]) -> None:
-    who = m.get("role", "?") + (f" ({m['name']})" if m.get("name") else "")
+    who = plain(str(m.get("role", "?")) + (f" ({m['name']})" if m.get("name") else ""))
     console.print(Text(f"{who}:", style="bold"), Text(_clip(str(m.get("content", ""))), style=MASKED))
 
 
 def _tool_call(console: Console, call: dict[str, Any]) -> None:
     args = json.dumps(call.get("arguments", {}), ensure_ascii=False)
     head = Text("→ ", style="cyan")
-    head.append(f"{call.get('name') or 'invalid'}", style="bold cyan")
-    head.append(f" {args}")
+    head.append(plain(call.get("name") or "invalid"), style="bold cyan")
+    head.append(f" {plain(args)}")
     console.print(head)
     if call.get("error"):
-        console.print(Text(f"  malformed call: {call['error']}", style="red"))
+        console.print(Text(f"  malformed call: {plain(call['error'])}", style="red"))
     exit_code = call.get("exit_code")
     status = Text("  ")
     if exit_code is None:
@@ -140,7 +149,7 @@ def transcript(console: Console, episode: Episode, *, turn: int | None = None, t
         calls.setdefault(int(call.get("turn", -1)), []).append(call)
     observations = {s.start: s for s in t.turns if s.role == "tool"}
 
-    console.print(Rule(Text(f"{episode.id}  {t.env_id}  {t.task_id}", style="bold")))
+    console.print(Rule(Text(plain(f"{episode.id}  {t.env_id}  {t.task_id}"), style="bold")))
     console.print(
         Text("style: ", style="bold"),
         Text("trained (loss mask 1)", style=TRAINED),
@@ -170,7 +179,7 @@ def transcript(console: Console, episode: Episode, *, turn: int | None = None, t
         if k < len(t.timings):
             head.append(_seconds(t.timings[k]))
         console.print(Rule(Text(f"turn {k + 1}", style="bold"), align="left"))
-        console.print(Text(" · ".join(head), style=MASKED))
+        console.print(Text(plain(" · ".join(head)), style=MASKED))
         message, after = turns[k] if k < len(turns) else ({}, [])
         console.print(
             Text("assistant:", style="bold"), Text(_clip(str(message.get("content", ""))), style=TRAINED)
@@ -205,13 +214,13 @@ def _outcome(console: Console, t: Trajectory) -> None:
     extra = dict(t.extra)
     for key in ("error", "grade_error", "close_error"):
         if key in extra:
-            console.print(Text(f"{key.replace('_', ' ')}: {extra.pop(key)}", style="red"))
+            console.print(Text(f"{key.replace('_', ' ')}: {plain(extra.pop(key))}", style="red"))
     grade = extra.pop("grade", None)
     if grade is not None:
         console.print(Text("grading report:", style="bold"))
         for key, value in grade.items() if isinstance(grade, dict) else [("report", grade)]:
             shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            console.print(Text(f"  {key}: ", style="bold"), Text(_clip(shown), style=MASKED), sep="")
+            console.print(Text(f"  {plain(key)}: ", style="bold"), Text(_clip(shown), style=MASKED), sep="")
     if extra:
         shown = (f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(extra.items()))
-        console.print(Text(", ".join(shown), style=MASKED))
+        console.print(Text(plain(", ".join(shown)), style=MASKED))

@@ -61,3 +61,26 @@ def test_the_weights_that_sampled_an_episode_are_chosen_when_kept(tmp_path):
     assert sampling_weights(tmp_path, 0)[0] == str(tmp_path / "checkpoints/iter-000004")
     (tmp_path / "warm_start.pt").write_bytes(b"")
     assert sampling_weights(tmp_path, 0)[0] == str(tmp_path / "warm_start.pt")
+
+
+def test_a_config_json_that_is_not_an_object_is_one_line_with_or_without_settings(tmp_path, tok, capsys):
+    from agentrl.cli import main
+    from agentrl.store import TrajectoryStore
+
+    t = asyncio.run(run_episode(EchoEnv(2), FixedEngine(ids(tok, "hi")), tok, Task("train-0"), LoopConfig()))
+    run = tmp_path / "run"
+    with TrajectoryStore(run / "trajectories") as s:
+        s.append(t)
+    (run / "config.json").write_text("[1, 2]")
+    errors = []
+    for settings in ([], ["--set", "rollout.temperature=0"]):
+        assert main(["replay", str(run), "--id", "w0-00000:1", "--from-turn", "1", *settings]) == 2
+        errors.append(capsys.readouterr().err)
+    assert (
+        errors[0]
+        == errors[1]
+        == (
+            f"error: {run / 'config.json'} is not the JSON that `agentrl train` writes (a JSON list, not an "
+            "object of settings); give the run directory of an `agentrl train` run\n"
+        )
+    )

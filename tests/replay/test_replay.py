@@ -2,6 +2,7 @@
 status, and every bad input answered with one line (never a traceback)."""
 
 import asyncio
+import copy
 import gzip
 import json
 import re
@@ -15,7 +16,7 @@ from agentrl.cli import main
 from agentrl.env import Task
 from agentrl.models import tiny_tokenizer
 from agentrl.replay.episodes import ReplayError, find, parse_filter, read, resolve
-from agentrl.replay.transcript import MASKED, TRAINED, transcript
+from agentrl.replay.transcript import MASKED, TRAINED, list_view, transcript
 from agentrl.rollout.agent_loop import LoopConfig, run_episode
 from agentrl.rollout.engine import Generation
 from agentrl.store import TrajectoryStore
@@ -456,3 +457,104 @@ def test_transcript_options_beside_an_action_that_prints_none_are_refused(store,
 def test_filter_and_id_together_is_an_input_error(store, capsys):
     code, _, err = cli(capsys, store, "--id", "w0-00000:1", "--filter", "status=completed")
     assert code == 2 and err == "error: --filter chooses the episodes to list; give it without --id\n"
+
+
+def stored(tmp_path, *records):
+    """A store in ``tmp_path/s`` holding ``records`` (dicts, written as they are, not validated)."""
+    path = tmp_path / "s"
+    with TrajectoryStore(path) as s:
+        for record in records:
+            s.append(record)
+    return path
+
+
+def test_a_record_whose_spans_break_the_invariants_cannot_be_shown(tmp_path, capsys, by_status):
+    record = by_status["completed"].to_record()
+    n = len(record["input_ids"])
+    quoted = [dict(s) for s in record["turns"]]
+    quoted[1]["role"] = 'assistant" onmouseover="alert(1)'
+    past = [dict(s) for s in record["turns"]]
+    past[-1]["end"] = n + 5
+    path = stored(tmp_path, {**record, "turns": quoted}, {**record, "turns": past})
+    for i, why in ((1, "turns[1].role = 'assistant\" onmouseover="), (2, f"input_ids has {n} tokens")):
+        for flags in ([], ["--tokens"], ["--html", tmp_path / "x.html"]):
+            code, out, err = cli(capsys, path, "--id", f"w0-00000:{i}", *flags)
+            assert code == 2 and out == "" and err.count("\n") == 1, (i, flags, err)
+            assert err.startswith(f"error: episode w0-00000:{i} cannot be shown: ") and why in err
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_the_page_escapes_a_span_role_even_where_the_record_is_not_checked(tmp_path, monkeypatch, by_status):
+    from agentrl.replay.html import page
+
+    record = by_status["completed"].to_record()
+    turns = [dict(s) for s in record["turns"]]
+    turns[1]["role"] = 'assistant" onmouseover="alert(1)'
+    (episode,), _ = read(stored(tmp_path, {**record, "turns": turns}))
+    monkeypatch.setattr(Trajectory, "validate", lambda self: self)
+    html = page(episode)
+    assert 'data-role="assistant&quot; onmouseover=&quot;alert(1)"' in html
+    assert 'onmouseover="' not in html
+
+
+def test_control_characters_in_what_the_agent_and_tools_wrote_are_shown_escaped(tmp_path, by_status):
+    bad = "red \x1b[31mtext\x1b[0m, title \x1b]0;x\x07, csi \x9b2J, cr \r back\nline 2"
+    shown = r"red \x1b[31mtext\x1b[0m, title \x1b]0;x\x07, csi \x9b2J, cr \x0d back" + "\nline 2"
+    t = copy.deepcopy(by_status["completed"])
+    t.task_id = f"task {bad}"
+    t.messages = [{"role": "user", "content": bad}, {"role": "assistant", "content": bad}]
+    t.tool_calls = [
+        {"turn": 0, "name": f"bash{bad}", "arguments": {"command": bad}, "output": bad, "error": bad}
+    ]
+    t.extra = {"error": bad, "grade": {bad: bad}, bad: bad}
+    store = stored(tmp_path, t.to_record())
+    episodes, _ = read(store)
+    console = Console(
+        file=StringIO(), width=400, highlight=False, soft_wrap=True
+    )  # not a terminal: no styles
+    transcript(console, episodes[0])
+    text = console.file.getvalue()
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text)  # no control character but \t \n
+    assert text.count(shown) >= 4  # the prompt, the assistant, the tool output, the error
+    assert r"bash" + shown.split("\n")[0] in text
+    listed = StringIO()
+    list_view(listed, episodes)
+    assert r"task red \x1b[31m" in listed.getvalue() and "\x1b" not in listed.getvalue()
+
+
+def test_a_file_of_the_store_that_cannot_be_read_is_named(store, capsys):
+    (store / "x.jsonl.gz").mkdir()
+    code, out, err = cli(capsys, store)
+    assert code == 2 and out == ""
+    assert err == (
+        f"error: cannot read {store / 'x.jsonl.gz'}: Is a directory; a store reads every *.jsonl.gz in "
+        "it as a shard: make it readable, or move it out\n"
+    )
+
+
+def test_a_lone_surrogate_in_the_text_is_written_escaped_into_the_page(tmp_path, capsys, by_status):
+    t = copy.deepcopy(by_status["completed"])
+    t.messages[-1]["content"] = "bytes \udcff that were not UTF-8"
+    path = stored(tmp_path, t.to_record())
+    out_file = tmp_path / "page.html"
+    code, out, err = cli(capsys, path, "--id", "w0-00000:1", "--html", out_file)
+    assert code == 0 and err == "" and out == f"wrote {out_file}\n"
+    assert "bytes \\udcff that were not UTF-8" in out_file.read_text(encoding="utf-8")
+
+
+def test_a_record_whose_extra_is_not_a_json_object_is_damage(tmp_path, capsys, by_status):
+    record = by_status["completed"].to_record()
+    good = {**record, "extra": json.dumps({"iteration": 1})}
+    path = stored(tmp_path, {**record, "extra": "[1"}, {**record, "extra": "[1]"}, good)
+    code, out, err = cli(capsys, path, "--filter", "iteration=1")
+    assert code == 0 and [row.split()[0] for row in out.splitlines()[1:-1]] == ["w0-00000:3"]
+    warnings = err.splitlines()
+    assert len(warnings) == 2
+    assert "line 1 (byte offset 0): not a trajectory record (extra is not JSON: Expecting " in warnings[0]
+    assert "line 2 " in warnings[1] and "(extra is a JSON list, not an object); skipped" in warnings[1]
+
+
+def test_seed_without_from_turn_is_an_input_error(store, capsys):
+    code, out, err = cli(capsys, store, "--id", "w0-00000:1", "--seed", "3")
+    assert code == 2 and out == ""
+    assert err == "error: --seed 3 is for --from-turn: the sampling seed of the re-run\n"

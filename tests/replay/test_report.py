@@ -200,3 +200,29 @@ def test_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
     (tmp_path / "summary.json").write_text("{broken")
     assert main(["report", str(tmp_path)]) == 2
     assert "summary.json cannot be read" in capsys.readouterr().err
+
+
+def test_values_of_the_wrong_type_are_named_and_the_page_made_without_them(run, capsys, drawn):
+    records = [dict(r) for r in RECORDS]
+    records[0]["statuses"] = ["completed", "max_turns"]
+    records[1]["eval_success"] = "n/a"
+    records[1]["actor/clip_frac"] = True
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text(json.dumps({"eval_before": "x", "eval_after": 0.5, "eval_tasks": 64}))
+    (run / "config.json").write_text(json.dumps({"run": "r9", "env": {"id": "echo-v0"}}))
+    assert main(["report", str(run)]) == 0
+    metrics, summary, config = run / "metrics.jsonl", run / "summary.json", run / "config.json"
+    assert capsys.readouterr().err.splitlines() == [
+        f'warning: {metrics} line 1: statuses = ["completed", "max_turns"] is not a mapping of status to '
+        "episode count; left out of the report",
+        f'warning: {metrics} line 2: eval_success = "n/a" is not a number; left out of the report',
+        f"warning: {metrics} line 2: actor/clip_frac = true is not a number; left out of the report",
+        f'warning: {summary}: eval_before = "x" is not a number; shown as not measured',
+        f'warning: {config}: run = "r9" is not a mapping of settings (run.name, ...); the run is named '
+        "after its directory",
+    ]
+    page = (run / "report" / "index.html").read_text()
+    assert "<h1>Run r1</h1>" in page and "nan ± " not in page
+    assert "nan before RL &rarr; 0.500" in page
+    rows = re.findall(r"<tr><td>(\d)</td>(.*?)</tr>", page)
+    assert [i for i, _ in rows] == ["0", "1"] and "completed" not in rows[0][1] and "0.1000" not in rows[1][1]

@@ -370,14 +370,55 @@ async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
                     "seed every random choice from the task"
                 )
             passed.append("same task gives the same observation")
-    finally:
-        await env.close()
+        _check_demonstration(env, task)
+    except EnvCheckError as e:
+        failed = await _close(env)
+        if failed is None:
+            raise
+        # the first failure leads; the close that failed after it is named too
+        raise EnvCheckError(f"{e}; then close() raised {type(failed).__name__}: {failed}") from e
+    except BaseException:
+        await _close(env)
+        raise
+    for why in (
+        "close() raised {}; close must release the episode's resources without raising",
+        "close is not idempotent: the second call raised {}",
+    ):
+        failed = await _close(env)
+        if isinstance(failed, SandboxError | NoSandboxError):
+            raise failed  # this machine's sandbox backend, not the env: its message says what to do
+        if failed is not None:
+            raise EnvCheckError(why.format(f"{type(failed).__name__}: {failed}")) from failed
+    passed.append("close is idempotent")
+    return passed
+
+
+async def _close(env: AgentEnv) -> Exception | None:
+    """``env.close()``; what it raised, or None."""
     try:
         await env.close()
     except Exception as e:
-        raise EnvCheckError(f"close is not idempotent: the second call raised {type(e).__name__}: {e}") from e
-    passed.append("close is idempotent")
-    return passed
+        return e
+    return None
+
+
+def _check_demonstration(env: AgentEnv, task: Task) -> None:
+    """``demonstration(task)``, where the env has one, returns a ``Demonstration`` or None."""
+    demonstrate = getattr(env, "demonstration", None)
+    if not callable(demonstrate):
+        return
+    try:
+        demo = demonstrate(task)
+    except Exception as e:
+        raise EnvCheckError(
+            f"demonstration(task) raised {type(e).__name__}: {e} (task {task.id}); it must return a "
+            "Demonstration of the task, or None where it has none"
+        ) from e
+    if demo is not None and not isinstance(demo, Demonstration):
+        raise EnvCheckError(
+            f"demonstration(task) must return a Demonstration(turns, reward) or None; got "
+            f"{type(demo).__name__}: {str(demo)[:120]} (task {task.id})"
+        )
 
 
 def check_env(env: AgentEnv, task: Task) -> list[str]:

@@ -55,6 +55,26 @@ class RaisingResetEnv(NoSandboxEnv):
         raise RuntimeError("no data for this task")
 
 
+class RaisingCloseEnv(NoSandboxEnv):
+    async def close(self):
+        raise RuntimeError("the workspace is gone")
+
+
+class RaisingResetAndCloseEnv(RaisingCloseEnv):
+    async def reset(self, task):
+        raise RuntimeError("no data for this task")
+
+
+class RaisingDemoEnv(NoSandboxEnv):
+    def demonstration(self, task):
+        raise ValueError("no solution for this task")
+
+
+class DictDemoEnv(NoSandboxEnv):
+    def demonstration(self, task):
+        return {"turns": []}
+
+
 class OwnStatusEnv(NoSandboxEnv):
     """Ends every episode at the first step, with an outcome of its own as the status."""
 
@@ -84,6 +104,10 @@ ENVS = {
     "needsdata-v0": "DataEnv",
     "gentasks-v0": "GeneratorTasksEnv",
     "raisingreset-v0": "RaisingResetEnv",
+    "raisingclose-v0": "RaisingCloseEnv",
+    "raisingresetandclose-v0": "RaisingResetAndCloseEnv",
+    "raisingdemo-v0": "RaisingDemoEnv",
+    "dictdemo-v0": "DictDemoEnv",
 }
 
 
@@ -155,6 +179,27 @@ def test_bad_args_are_named(given, message, capsys):
             "with a length and indexing; got generator",
         ),
         ("raisingreset-v0", "FAILED: reset(task) raised RuntimeError: no data for this task (task train-0)"),
+        (
+            "raisingclose-v0",
+            "FAILED: close() raised RuntimeError: the workspace is gone; close must release the "
+            "episode's resources without raising",
+        ),
+        (
+            "raisingresetandclose-v0",
+            "FAILED: reset(task) raised RuntimeError: no data for this task (task train-0); reset must "
+            "start an episode of any task that tasks() returns; then close() raised RuntimeError: the "
+            "workspace is gone",
+        ),
+        (
+            "raisingdemo-v0",
+            "FAILED: demonstration(task) raised ValueError: no solution for this task (task train-0); "
+            "it must return a Demonstration of the task, or None where it has none",
+        ),
+        (
+            "dictdemo-v0",
+            "FAILED: demonstration(task) must return a Demonstration(turns, reward) or None; "
+            "got dict: {'turns': []} (task train-0)",
+        ),
         (
             "wrongdemo-v0",
             "FAILED: the demonstration of task train-0 ended completed with reward 0.0, but means to earn 1.0 "

@@ -365,10 +365,46 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port_error(port: int) -> str | None:
+    if not 1 <= port <= 65535:
+        return f"--port {port} is not a TCP port; give one from 1 to 65535 (SGLang's is 30000)"
+    return None
+
+
+def _bind_error(host: str, port: int) -> str | None:
+    """Why the server could not listen on ``host:port``, found before the model loads and the
+    address is announced; None when it can (it is free again when this returns)."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        return f"--host {host}: not an address of this machine ({e.strerror}); give e.g. 127.0.0.1 or 0.0.0.0"
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own socket
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"--port {port}: {host}:{port} is in use by another server; stop it or give another --port"
+            if e.errno == errno.EACCES:
+                return f"--port {port}: listening on it needs privileges here; give a port above 1023"
+            return (
+                f"--host {host} --port {port}: cannot listen there ({e.strerror}); give e.g. --host 127.0.0.1"
+            )
+    return None
+
+
 def _serve_local(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError
     from agentrl.rollout.serve_local import main as serve
 
+    why = _port_error(args.port) or _bind_error(args.host, args.port)
+    if why:
+        return _error(why)
     try:
         serve(args.model, args.host, args.port, device=args.device, max_context=args.max_context)
     except (ConfigError, ImportError, OSError, ValueError) as e:
@@ -377,15 +413,31 @@ def _serve_local(args: argparse.Namespace) -> int:
 
 
 def _serve_sglang(args: argparse.Namespace) -> int:
+    import errno
+
     from agentrl.rollout.sglang_launch import main as launch
     from agentrl.rollout.sglang_launch import sglang_plan
 
+    why = _port_error(args.port)
+    if why:
+        return _error(why)
     try:
         plan = sglang_plan(
             args.model, tp=args.tp, dp=args.dp, servers=args.servers, host=args.host, port=args.port
         )
     except ValueError as e:
         return _error(e)
+    log_dir = Path(args.log_dir)
+    try:
+        if log_dir.exists() and not log_dir.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "a file, not a directory")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(log_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as e:
+        return _error(
+            f"--log-dir {args.log_dir}: {e.strerror or e}; give a writable directory for the servers' logs"
+        )
     try:
         return launch(plan, args.log_dir, args.timeout)
     except RuntimeError as e:
@@ -411,6 +463,8 @@ def _replay(args: argparse.Namespace) -> int:
             raise ReplayError(f"--from-turn {args.from_turn} needs --id: which episode to branch?")
         if args.set and args.from_turn is None:
             raise ReplayError(f"--set {args.set[0]} is for --from-turn: the settings of the re-run")
+        if args.seed is not None and args.from_turn is None:
+            raise ReplayError(f"--seed {args.seed} is for --from-turn: the sampling seed of the re-run")
         actions = [
             a
             for a, given in (
@@ -465,8 +519,16 @@ def _replay(args: argparse.Namespace) -> int:
             return 0
     except ReplayError as e:
         return _error(e)
-    except OSError as e:  # the --html file cannot be written
-        return _error(f"--html {args.html}: {e.strerror or e}")
+    except BrokenPipeError:  # the reader of the transcript went away: main says nothing
+        raise
+    except OSError as e:  # the --html file cannot be written, or a file of the store cannot be read
+        if args.html is not None and e.filename is not None and Path(e.filename) == Path(args.html):
+            return _error(f"--html {args.html}: {e.strerror or e}")
+        name = str(e.filename or args.store)
+        hint = "; a store reads every *.jsonl.gz in it as a shard: make it readable, or move it out" * (
+            name.endswith(".jsonl.gz")
+        )
+        return _error(f"cannot read {name}: {e.strerror or e}{hint}")
     shown = [e for e in episodes if keep(e)] if keep else episodes
     if not shown and damage and not episodes:
         records = f"{len(damage)} damaged record{'s' if len(damage) != 1 else ''}"

@@ -313,3 +313,48 @@ def test_rollout_past_the_held_out_tasks_a_layout_holds(monkeypatch, no_model_lo
     assert (
         "error: collect.tasks=50: the 'test' split of bugfix-v0: the held-out split holds 1 distinct" in line
     )
+
+
+@pytest.fixture
+def no_server_starts(monkeypatch):
+    """A bad address or log directory must be reported before any model loads or server starts."""
+    import agentrl.rollout.serve_local
+    import agentrl.rollout.sglang_launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a server started despite the bad input")
+
+    monkeypatch.setattr(agentrl.rollout.serve_local, "main", refuse)
+    monkeypatch.setattr(agentrl.rollout.sglang_launch, "main", refuse)
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1"])
+def test_serve_port_out_of_range(port, no_server_starts, capsys):
+    for command in (["serve", "local", "--model", "tiny"], ["serve", "sglang", "--model", "m"]):
+        assert main([*command, "--port", port]) == 2
+        assert one_error_line(capsys) == (
+            f"error: --port {port} is not a TCP port; give one from 1 to 65535 (SGLang's is 30000)"
+        )
+
+
+def test_serve_local_on_a_port_in_use_says_so_before_announcing_it(no_server_starts, capsys):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", "local", "--model", "tiny", "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"error: --port {port}: 127.0.0.1:{port} is in use by another server; stop it or give another --port\n"
+    )
+
+
+def test_serve_sglang_log_dir_that_is_a_file(tmp_path, no_server_starts, capsys):
+    (tmp_path / "logs").write_text("")
+    assert main(["serve", "sglang", "--model", "m", "--log-dir", str(tmp_path / "logs")]) == 2
+    assert one_error_line(capsys) == (
+        f"error: --log-dir {tmp_path / 'logs'}: a file, not a directory; give a writable directory for the "
+        "servers' logs"
+    )

@@ -182,6 +182,11 @@ class EngineLaunchConfig(Section):
             )
         if self.server == "local" and self.servers != 1:
             raise ValueError("engine.launch.server=local starts one server; set engine.launch.servers=1")
+        if self.servers > 1 and self.port + self.servers > 65535:
+            raise ValueError(
+                f"engine.launch.servers={self.servers} take the ports after engine.launch.port={self.port}, "
+                f"up to {self.port + self.servers}, past 65535: set a lower engine.launch.port"
+            )
         return self
 
 

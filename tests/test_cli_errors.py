@@ -83,6 +83,15 @@ def test_rollout_input_errors(override, message, no_model_loads, capsys):
     assert message in one_error_line(capsys)
 
 
+def test_launched_servers_whose_ports_run_past_65535_stop_with_one_line(no_model_loads, capsys):
+    launch = ["engine.kind=sglang", "engine.launch.server=sglang", "engine.launch.model=m"]
+    launch += ["engine.launch.servers=4", "engine.launch.port=65533"]
+    assert main(["rollout", ROLLOUT, "sandbox.kind=local", *launch]) == 2
+    assert "engine.launch.servers=4 take the ports after engine.launch.port=65533, up to 65537" in (
+        one_error_line(capsys)
+    )
+
+
 def test_rollout_store_under_a_file_stops_before_any_episode(tmp_path, no_model_loads, capsys):
     (tmp_path / "file").write_text("")
     assert main(["rollout", ROLLOUT, "sandbox.kind=local", f"collect.store={tmp_path}/file/store"]) == 2

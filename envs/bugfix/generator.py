@@ -540,8 +540,18 @@ def _draw(
 
 
 def _nameless_key(modules: list[list[Function]], target: Function, kind: str) -> str:
-    """Hash of a draw with its names replaced by their places (``f0``, ``f1``, ... in drawing order; the
-    package's and modules' names, which only the paths and imports carry, left out)."""
+    """Hash of a draw with its names replaced by their places (``f0``, ``f1``, ...; the package's and
+    modules' names, which only the paths and imports carry, left out). The places follow an order of
+    the draw's own, not the drawing order: the functions of each module sorted by their text with
+    their name left out, and the modules by theirs, so that the same functions drawn in another
+    order are the same task."""
+
+    def text(fn: Function) -> str:
+        rename = re.compile(rf"\b{re.escape(fn.name)}\b")
+        bugs = [x for k in sorted(fn.bugs) for x in (k, *fn.bugs[k])]
+        return "\0".join(rename.sub("f", x) for x in (fn.code, *fn.tests, *bugs))
+
+    modules = sorted((sorted(fns, key=text) for fns in modules), key=lambda fns: [text(fn) for fn in fns])
     parts, place = [kind, str([fn for fns in modules for fn in fns].index(target))], 0
     for functions in modules:
         parts.append("module")

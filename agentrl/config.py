@@ -479,8 +479,9 @@ class SFTConfig(Section):
     tasks, the ones RL draws from, when the split holds no more) for a supervised warm start (0: none)."""
     from_store: str | None = None
     """Also warm-start on the solved episodes of a trajectory store (e.g. one ``agentrl rollout`` wrote
-    with the same model): those of this environment's training split, without held-out tasks, replay
-    branches or duplicates (the log counts what was left out); None: none."""
+    with the same model): those of tasks of this environment's training split, without replay
+    branches, duplicates or episodes whose turns this run's tokenizer reads as other text (made with
+    another tokenizer); the log counts what was left out. None: none."""
     epochs: int = Field(3, ge=1)
     """Passes over the warm start's episodes."""
     lr: float = Field(1e-3, gt=0)

@@ -192,7 +192,7 @@ class Updates:
             value = -(logp * mask).sum() / mask.sum().clamp(min=1)
             return value, {"sft_loss": float(value.detach())}
 
-        steps = max(1, batch.size // batch_size)
+        steps = max(1, -(-batch.size // batch_size))  # no step holds more than batch_size episodes
         losses = []
         for _ in range(epochs):
             history = self._step(opt, sched, batch, loss_fn, self._share(batch, "token-mean"), 1, steps)

@@ -73,18 +73,26 @@ def stored_episodes(run: Run) -> list[Trajectory]:
         return []
     successes = TrajectoryStore(path).read(lambda t: t.status == "completed" and succeeded(t.reward))
     held_out = {t.id for t in run.splits.held_out}
+    train_ids: set[str] | None = None  # listed when first needed: a generated split may be long
     episodes, left_out, seen = [], Counter(), set()
     for t in successes:
         data = t.extra.get("task_data")
         split = data.get("split") if isinstance(data, dict) else None
         if t.env_id and t.env_id != cfg.env.id:
             left_out["of another environment"] += 1
-        elif t.task_id in held_out or (isinstance(split, str) and split != cfg.env.train_split):
+            continue
+        if not isinstance(split, str):  # the task's data does not say: it must be a training task
+            if train_ids is None:
+                train_ids = {task.id for task in run.splits.train}
+            split = cfg.env.train_split if t.task_id in train_ids else "another split"
+        if t.task_id in held_out or split != cfg.env.train_split:
             left_out["of held-out tasks"] += 1
         elif t.extra.get("branch_of"):
             left_out["replay branches"] += 1
         elif (key := tuple(t.input_ids)) in seen:
             left_out["duplicates"] += 1
+        elif not same_tokenizer(t, run.tokenizer):
+            left_out["made with another tokenizer"] += 1
         else:
             seen.add(key)
             episodes.append(t)
@@ -103,6 +111,20 @@ def stored_episodes(run: Run) -> list[Trajectory]:
             f"{vocab}: they were made with another tokenizer; collect them with model.name={run.cfg.model.name}"
         )
     return episodes
+
+
+def same_tokenizer(t: Trajectory, tokenizer) -> bool:
+    """Whether ``tokenizer`` reads the episode's first assistant turn back as the text it was: the
+    loop decodes each turn's sampled ids into its message, so another tokenizer's ids read as other
+    text (a vocabulary of the same size or larger takes them all the same)."""
+    span = next((s for s in t.turns if s.role == "assistant"), None)
+    message = next((m for m in t.messages if m.get("role") == "assistant"), None)
+    if span is None or message is None or not isinstance(message.get("content"), str):
+        return True  # nothing to imitate in it, or nothing to compare with
+    text = tokenizer.decode(t.input_ids[span.start : span.end], skip_special_tokens=False)
+    for special in tokenizer.all_special_tokens:  # the end-of-turn token that closed it
+        text = text.removesuffix(special)
+    return text == message["content"]
 
 
 async def warm_start(run: Run) -> None:

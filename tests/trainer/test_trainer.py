@@ -549,6 +549,21 @@ def test_the_actors_schedule_spans_the_iterations_after_the_critics_warmup():
     assert backend.critic_sched.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_a_supervised_step_holds_at_most_batch_size_episodes():
+    model, _ = tiny_chat_model(seed=5)
+    backend = TorchBackend(model)
+    batch = synthetic_batch()  # 3 episodes
+    taken = []
+    step = backend._step
+    backend._step = lambda *args: (
+        taken.append([len(m) for m in backend._minibatches(batch, args[-1])]) or step(*args)
+    )
+    for size, steps in ((1, 3), (2, 2), (3, 1), (8, 1)):
+        taken.clear()
+        backend.train_sft(batch, epochs=1, lr=1e-4, batch_size=size)
+        assert len(taken) == 1 and len(taken[0]) == steps and max(taken[0]) <= size, (size, taken)
+
+
 def test_recipes_all_validate():
     recipes = sorted((ROOT / "recipes").glob("*.yaml"))
     assert recipes
@@ -829,10 +844,11 @@ def test_kill_9_mid_iteration_then_resume_loses_and_repeats_no_batch(tmp_path, b
 
 def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys):
     from agentrl.cli import main
-    from agentrl.models import tiny_tokenizer
+    from agentrl.env import make
+    from agentrl.models import env_corpus, tiny_tokenizer
     from agentrl.store import TrajectoryStore
 
-    tok = tiny_tokenizer()
+    tok = tiny_tokenizer(corpus=env_corpus(make("magic-word-v0")))  # the run's, as a rollout's would be
     prompt = tok.encode("Say the magic word.", add_special_tokens=False)
     answer = tok.encode(" assert", add_special_tokens=False) + [tok.eos_token_id]
     store = TrajectoryStore(tmp_path / "store")
@@ -844,6 +860,7 @@ def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys)
         (1.0, "completed", "magic-word-v0", "train-2", {}, 1),  # the same episode again
         (1.0, "completed", "other-v0", "train-5", {}, 4),
         (1.0, "completed", "magic-word-v0", "test-0", {}, 5),  # held out: env.eval_tasks=2 below
+        (1.0, "completed", "magic-word-v0", "test-7", {}, 8),  # of the held-out split, past those 2
         (1.0, "completed", "magic-word-v0", "t-9", {"task_data": {"split": "test"}}, 6),
         (1.0, "completed", "magic-word-v0", "train-6", {"branch_of": "w0-00000:1"}, 7),
     ]
@@ -854,7 +871,12 @@ def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys)
         mask = [0] * (len(prompt) + 1) + [1] * len(answer)
         t = Trajectory(ids, mask, [0.0] * n, spans, reward=reward, status=status, env_id=env, task_id=task)
         t.extra.update(extra)
+        t.messages = [{"role": "assistant", "content": tok.decode(ids[len(prompt) + 1 : -1])}]
         store.append(t)
+    # the same ids, written by another tokenizer: its turn read back here is not the text it was
+    t.task_id, t.messages = "train-7", [{"role": "assistant", "content": "the magic word"}]
+    del t.extra["branch_of"]
+    store.append(t)
     store.close()
     recipe = tmp_path / "toy.yaml"
     recipe.write_text("run: {name: from-store, iterations: 1}\n")
@@ -870,8 +892,8 @@ def test_a_warm_start_from_a_store_imitates_its_successes_only(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "warm start: 2 stored successes from" in out
     assert (
-        "sft.from_store: left out 1 duplicates, 1 of another environment, 2 of held-out tasks, 1 replay branches"
-        in out
+        "sft.from_store: left out 1 duplicates, 1 of another environment, 3 of held-out tasks, 1 replay "
+        "branches, 1 made with another tokenizer" in out
     )
     assert main([*args, f"sft.from_store={tmp_path / 'nothing'}"]) == 2
     assert f"sft.from_store={tmp_path / 'nothing'} is not a directory" in capsys.readouterr().err

@@ -122,11 +122,48 @@ def _id_list(value: Any, name: str, where: str, allow_empty: bool) -> tuple[str,
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise RowError(f"{where}: field {name!r} is a string but not a JSON list ({e})") from None
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v.strip() for v in value):
         raise RowError(f"{where}: field {name!r} must be a list of non-empty strings; got {value!r:.200}")
     if not value and not allow_empty:
         raise RowError(f"{where}: field {name!r} is empty")
     return tuple(value)
+
+
+def _log_parser(name: str, where: str) -> str:
+    """``name`` when swebench's ``PARSER_REGISTRY`` has that parser (grading would fail on it only
+    after the tests ran), else a ``RowError`` naming the closest."""
+    import difflib
+
+    from swebench.harness.grading import PARSER_REGISTRY
+
+    if name not in PARSER_REGISTRY:
+        close = difflib.get_close_matches(name, list(PARSER_REGISTRY), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise RowError(
+            f"{where}: field 'log_parser' is {name!r}, which swebench's PARSER_REGISTRY does not hold; "
+            f"{hint}e.g. 'parse_log_pytest'"
+        )
+    return name
+
+
+def _created_by(value: Any, where: str) -> dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        return {"note": value}
+    if not isinstance(value, dict):
+        raise RowError(
+            f"{where}: field 'created_by' must be an object (or a note); got {type(value).__name__}"
+        )
+    return dict(value)
+
+
+def _split(value: Any, where: str) -> str:
+    if value is None or value == "":
+        return "train"
+    if not isinstance(value, str) or not value.strip():
+        raise RowError(f"{where}: field 'split' must be a non-empty string; got {value!r:.200}")
+    return value
 
 
 def _relative(path: str, name: str, where: str) -> str:
@@ -150,6 +187,8 @@ def parse_row(raw: dict[str, Any], base: Path, index: int = 0) -> SweRow:
     for name in ("test_patch", "bug_patch", "test_cmd"):
         if not isinstance(raw[name], str):
             raise RowError(f"{where}: field {name!r} must be a string; got {type(raw[name]).__name__}")
+    if raw.get("hints") is not None and not isinstance(raw["hints"], str):
+        raise RowError(f"{where}: field 'hints' must be a string; got {type(raw['hints']).__name__}")
     if not raw["test_cmd"].strip():
         raise RowError(
             f"{where}: field 'test_cmd' is empty; e.g. python -m pytest -rA --tb=no -p no:cacheprovider"
@@ -177,12 +216,8 @@ def parse_row(raw: dict[str, Any], base: Path, index: int = 0) -> SweRow:
     )
     for test in (*f2p, *p2p):
         _relative(test.split("::", 1)[0], "FAIL_TO_PASS/PASS_TO_PASS", where)
-    split = raw.get("split") or "train"
-    if not isinstance(split, str):
-        raise RowError(f"{where}: field 'split' must be a string; got {split!r}")
-    created_by = raw.get("created_by") or {}
-    if isinstance(created_by, str):
-        created_by = {"note": created_by}
+    split = _split(raw.get("split"), where)
+    created_by = _created_by(raw.get("created_by"), where)
     return SweRow(
         instance_id=raw["instance_id"],
         repo=raw["repo"],
@@ -192,7 +227,7 @@ def parse_row(raw: dict[str, Any], base: Path, index: int = 0) -> SweRow:
         PASS_TO_PASS=p2p,
         patch=raw["patch"],
         test_patch=raw["test_patch"],
-        log_parser=raw["log_parser"],
+        log_parser=_log_parser(raw["log_parser"], where),
         eval_type=raw["eval_type"],
         image=raw["image"],
         test_cmd=raw["test_cmd"],
@@ -202,7 +237,7 @@ def parse_row(raw: dict[str, Any], base: Path, index: int = 0) -> SweRow:
         hidden_tests=hidden,
         split=split,
         hints=raw.get("hints") or "",
-        created_by=dict(created_by),
+        created_by=created_by,
     )
 
 
@@ -233,6 +268,9 @@ def _parse_image_row(raw: dict[str, Any], where: str) -> SweRow:
         raise RowError(f"{where}: field 'base_commit' must be a git commit in hex; got {commit!r}")
     if raw["eval_type"] not in EVAL_TYPES:
         raise RowError(f"{where}: field 'eval_type' is {raw['eval_type']!r}; swe-v0 grades {EVAL_TYPES}")
+    for name in ("test_patch", "test_cmd", "hints"):
+        if raw.get(name) is not None and not isinstance(raw[name], str):
+            raise RowError(f"{where}: field {name!r} must be a string; got {type(raw[name]).__name__}")
     return SweRow(
         instance_id=raw["instance_id"],
         repo=raw["repo"],
@@ -242,7 +280,7 @@ def _parse_image_row(raw: dict[str, Any], where: str) -> SweRow:
         PASS_TO_PASS=_id_list(raw["PASS_TO_PASS"], "PASS_TO_PASS", where, allow_empty=True),
         patch=raw["patch"],
         test_patch=raw.get("test_patch") or "",
-        log_parser=raw["log_parser"],
+        log_parser=_log_parser(raw["log_parser"], where),
         eval_type=raw["eval_type"],
         image=raw["image"],
         test_cmd=raw.get("test_cmd") or "",
@@ -250,7 +288,7 @@ def _parse_image_row(raw: dict[str, Any], where: str) -> SweRow:
         sha256="",
         bug_patch="",
         hidden_tests=(),
-        split=raw.get("split") or "train",
+        split=_split(raw.get("split"), where),
         hints=raw.get("hints") or "",
         base_commit=commit,
         eval_script=raw["eval_script"],

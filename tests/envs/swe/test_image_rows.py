@@ -151,3 +151,11 @@ def test_image_rows_need_docker_and_their_fields(image_row, tmp_path):
     bad.write_text(json.dumps({**raw, "base_commit": "not-a-sha"}) + "\n")
     with pytest.raises(RowError, match="field 'base_commit' must be a git commit"):
         load_rows(bad)
+    for change, message in (
+        ({"split": 3}, "field 'split' must be a non-empty string; got 3"),
+        ({"test_patch": ["a"]}, "field 'test_patch' must be a string; got list"),
+        ({"log_parser": "pytest"}, "field 'log_parser' is 'pytest', which swebench's PARSER_REGISTRY"),
+    ):
+        bad.write_text(json.dumps({**raw, **change}) + "\n")
+        with pytest.raises(RowError, match=message):
+            load_rows(bad)

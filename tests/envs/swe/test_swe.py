@@ -82,6 +82,14 @@ def test_a_hand_written_row_loads(dataset):
         ({"eval_type": "fail_only"}, r"field 'eval_type' is 'fail_only'"),
         ({"hidden_tests": ["../etc/passwd"]}, r"field 'hidden_tests' holds '../etc/passwd'"),
         ({"source": {"sdist": "x.tar.gz", "sha256": "abc"}}, r"field 'source.sha256' must be 64"),
+        (
+            {"log_parser": "parse_log_pytset"},
+            r"field 'log_parser' is 'parse_log_pytset', .* did you mean 'parse_log_pytest'",
+        ),
+        ({"created_by": ["me"]}, r"field 'created_by' must be an object \(or a note\); got list"),
+        ({"split": 3}, r"field 'split' must be a non-empty string; got 3"),
+        ({"PASS_TO_PASS": [" "]}, r"field 'PASS_TO_PASS' must be a list of non-empty strings"),
+        ({"hints": ["look"]}, r"field 'hints' must be a string; got list"),
     ],
 )
 def test_a_bad_row_is_named_by_file_instance_and_field(dataset, change, message):

@@ -565,6 +565,25 @@ def main(
     """``agentrl serve local``: load ``model_name`` (``tiny``, ``smollm2`` or a directory) and serve it.
     A directory needs no tokenizer (the checkpoint a run writes of its policy has none): the
     answers' ``text`` is then empty, as ids are the record."""
+    import socket
+
+    # Bound before the model loads and the address is announced: taken meanwhile by another
+    # process, the port would fail the server only once it had said where it serves.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.create_server((host, port), family=family)
+    try:
+        server = _load(model_name, device, max_context)
+    except BaseException:
+        listening.close()
+        raise
+    print(
+        f"agentrl serve local: {model_name} on http://{host}:{port} (max context {server.max_context})",
+        flush=True,
+    )
+    uvicorn_server(server, host, port, log_level="warning").run(sockets=[listening])
+
+
+def _load(model_name: str, device: str, max_context: int | None):
     from pathlib import Path
 
     from agentrl.device import resolve_device
@@ -579,9 +598,4 @@ def main(
     model = model.to(resolve_device(device)).eval()
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("sdpa")
-    server = local_server(model, tokenizer, model_name, max_context=max_context)
-    print(
-        f"agentrl serve local: {model_name} on http://{host}:{port} (max context {server.max_context})",
-        flush=True,
-    )
-    uvicorn_server(server, host, port, log_level="warning").run()
+    return local_server(model, tokenizer, model_name, max_context=max_context)

@@ -195,3 +195,33 @@ def test_an_abort_stops_the_decoding_and_frees_the_engine(served, path, body):
     (status, answer), row_steps = asyncio.run(go())
     assert status == 200 and answer["meta_info"]["finish_reason"]["type"] == "abort"
     assert row_steps < steps  # the aborted batch stopped early: the next request did not wait for it
+
+
+def test_serve_local_holds_its_port_before_the_model_loads(monkeypatch):
+    """Taken by another process while the model loads, the port would fail the server only after it
+    had announced its address: it is bound first, and let go when the model cannot load."""
+    import socket
+
+    import agentrl.models
+    from agentrl.rollout import serve_local
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    seen = []
+
+    def load_model(name):
+        with socket.socket() as other:
+            try:
+                other.bind(("127.0.0.1", port))
+            except OSError:
+                seen.append("bound")
+        raise ValueError("no such model")
+
+    monkeypatch.setattr(agentrl.models, "load_model", load_model)
+    with pytest.raises(ValueError, match="no such model"):
+        serve_local.main("nothing", "127.0.0.1", port)
+    assert seen == ["bound"]
+    with socket.socket() as again:  # let go once the model failed
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))

@@ -604,7 +604,11 @@ def _closest_key_message(error: dict, model: type[BaseModel]) -> str:
     if error["type"] == "value_error":  # a check of ours: its message says it all
         message = str(error["msg"]).removeprefix("Value error, ").rstrip(".") + "."
         return message if not loc else f"'{where}': {message}"
-    return f"'{where}': {error['msg']} (got {error.get('input')!r})."
+    given = error.get("input")
+    if error["type"] == "string_type" and not isinstance(given, (dict, list)):
+        # a file's unquoted 1.10, 007, yes or null is YAML for a number, a bool or nothing
+        return f"'{where}': {error['msg']} (got {given!r}); write the text in quotes."
+    return f"'{where}': {error['msg']} (got {given!r})."
 
 
 def describe(cfg: BaseModel, prefix: str = "") -> list[str]:
@@ -643,7 +647,8 @@ def reference() -> str:
         "section: its type, its default and what it does. Generated from `agentrl/config.py` by",
         "`make docs`; a test fails when this file is out of date. `agentrl config RECIPE [key=value ...]`",
         "prints a recipe's resolved values with the same descriptions. Override any field on the",
-        "command line as `section.field=value` (values are YAML).",
+        "command line as `section.field=value` (values are YAML, but a text field keeps the text as",
+        "given: `model.name=1.10` is the name 1.10).",
     ]
     for name, section in TrainConfig.model_fields.items():
         model = section.annotation
@@ -664,8 +669,26 @@ def reference() -> str:
     return "\n".join(out) + "\n"
 
 
-def read_settings(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The mapping in a YAML file (optional) with ``key.sub=value`` overrides applied (values parsed as YAML)."""
+def _annotation(model: type[BaseModel] | None, keys: list[str]) -> Any:
+    """The type of the field of ``model`` that ``keys`` name (through its sections), or None."""
+    annotation: Any = model
+    for name in keys:
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        field = annotation.model_fields.get(name)
+        if field is None:
+            return None
+        annotation = field.annotation
+    return annotation
+
+
+def read_settings(
+    path: str | None, overrides: list[str] | tuple[str, ...] = (), model: type[BaseModel] | None = None
+) -> dict[str, Any]:
+    """The mapping in a YAML file (optional) with ``key.sub=value`` overrides applied (values parsed as
+    YAML). An override of a text field of ``model`` keeps its text where YAML reads another scalar
+    (``model.name=1.10``, ``run.name=007``, ``run.name=yes``): the shell has already taken the quotes
+    that YAML would need."""
     data: dict[str, Any] = {}
     if path:
         p = Path(path)
@@ -701,11 +724,17 @@ def read_settings(path: str | None, overrides: list[str] | tuple[str, ...] = ())
             if not isinstance(target, dict):
                 raise ConfigError(f"override {item!r}: {parent} is not a section, it holds {target!r}")
         try:
-            target[leaf] = yaml.safe_load(value)
+            parsed = yaml.safe_load(value)
         except yaml.YAMLError as e:
             raise ConfigError(
                 f"override {item!r}: {value!r} is not a YAML value ({getattr(e, 'problem', e)}); quote it"
             ) from None
+        kind = _annotation(model, [*parents, leaf])
+        # a text field keeps the text, but null still unsets an optional one
+        unset = parsed is None and kind == str | None
+        if kind in (str, str | None) and not isinstance(parsed, (str, dict, list)) and not unset:
+            parsed = value
+        target[leaf] = parsed
     return data
 
 
@@ -713,7 +742,7 @@ def load_config(
     model: type[BaseModel], path: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Any:
     """Load ``model`` from a YAML file and ``key.sub=value`` overrides; ``ConfigError`` on anything wrong."""
-    return validate_settings(model, read_settings(path, overrides), path, overrides)
+    return validate_settings(model, read_settings(path, overrides, model), path, overrides)
 
 
 def validate_settings(

@@ -305,6 +305,35 @@ def test_a_bad_value_is_placed_in_the_file_or_the_override_that_set_it(tmp_path,
     assert err.startswith(f"error: invalid config in {recipe} and the override algo.clip_low=5: ")
 
 
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        # YAML would read these as 1.1, 7, True, a date and None; the shell took any quotes off
+        ("model.name=1.10", "model.name = '1.10'"),
+        ("run.name=007", "run.name = '007'"),
+        ("run.name=yes", "run.name = 'yes'"),
+        ("run.name=2026-01-01", "run.name = '2026-01-01'"),
+        ("run.name=null", "run.name = 'null'"),
+        ("model.init=123", "model.init = '123'"),
+        ("model.init=null", "model.init = None\n"),  # null still unsets an optional text field
+        ("run.seed=007", "run.seed = 7"),  # a number field reads YAML as ever
+        ("env.args.version=1.10", "'version': 1.1"),  # a free-form dict too: no field type to go by
+    ],
+)
+def test_an_override_of_a_text_field_keeps_its_text(override, line, capsys):
+    assert main(["config", QUICKSTART, override]) == 0
+    assert line in capsys.readouterr().out
+
+
+def test_a_text_field_that_yaml_reads_as_a_number_in_a_file_says_to_quote_it(tmp_path, capsys):
+    recipe = tmp_path / "version.yaml"
+    recipe.write_text("model:\n  name: 1.10\n")
+    assert main(["config", str(recipe)]) == 2
+    assert one_error_line(capsys).endswith(
+        "'model.name': Input should be a valid string (got 1.1); write the text in quotes."
+    )
+
+
 def test_rollout_past_the_held_out_tasks_a_layout_holds(monkeypatch, no_model_loads, capsys):
     """A layout too narrow for the held-out tasks asked for stops before the model loads, with the
     number it holds."""

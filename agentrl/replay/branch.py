@@ -99,7 +99,7 @@ def run_config(run_dir: Path, overrides: list[str]):
         )
     try:
         return validate_settings(
-            TrainConfig, _merge(saved, read_settings(None, overrides)), str(config), overrides
+            TrainConfig, _merge(saved, read_settings(None, overrides, TrainConfig)), str(config), overrides
         )
     except ConfigError as e:
         raise ReplayError(str(e)) from None

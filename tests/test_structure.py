@@ -160,3 +160,30 @@ def test_the_config_reference_is_up_to_date():
         if "." in key and not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel))
     ]
     assert all(f"`{key}`" in written for key in leaves)
+
+
+def test_the_megatron_recipe_and_its_80_gb_variant_fit_the_model_and_node_its_header_names():
+    """swe_ppo_megatron.yaml's parallel sizes, as given and with the ``trainer.megatron.*`` overrides
+    its header gives for 80 GB cards, fill the 8 GPUs of the training node and split
+    Qwen2.5-Coder-7B-Instruct (its config.json: 28 heads, 4 key/value heads, MLP 18944, 28 layers)
+    the way the Megatron backend checks at start."""
+    from transformers import Qwen2Config
+
+    from agentrl.trainer.megatron_convert import check_config
+
+    recipe = ROOT / "recipes/swe_ppo_megatron.yaml"
+    header = "".join(line for line in recipe.read_text().splitlines() if line.startswith("#"))
+    variant = re.findall(r"trainer\.megatron\.\w+=\d+", header)
+    assert variant, "the header no longer gives the 80 GB variant's sizes"
+    qwen = Qwen2Config(
+        hidden_size=3584,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+    )
+    for overrides in ([], variant):
+        sizes = load_config(TrainConfig, str(recipe), overrides).trainer.megatron
+        assert sizes.tp * sizes.pp * sizes.dp == 8, (overrides, sizes)
+        check_config(qwen, sizes.tp)
+        assert qwen.num_hidden_layers % sizes.pp == 0, (overrides, sizes)

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import typing
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -320,6 +321,10 @@ def backend_names() -> list[str]:
 
 
 def load_backend(name: str) -> type:
+    if not isinstance(name, str):
+        raise ValueError(
+            f"a sandbox backend is named by a string, one of {', '.join(backend_names())}; got {name!r}"
+        )
     if name not in _BACKENDS:
         close = difflib.get_close_matches(name, _BACKENDS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -340,7 +345,31 @@ def build_config(config_cls: type, values: dict[str, Any], what: str) -> Any:
             raise ValueError(
                 f"{what} has no setting {key!r}.{hint} Valid settings: {', '.join(sorted(fields))}."
             )
+    hints = typing.get_type_hints(config_cls)
+    for key, value in values.items():
+        expected = _shape_problem(hints.get(key), value)
+        if expected:
+            raise ValueError(f"{what}: setting {key!r} must be {expected}; got {value!r}")
     return config_cls(**values)
+
+
+def _shape_problem(hint: Any, value: Any) -> str | None:
+    """What ``value`` should have been when its shape cannot be the field's: a flag that is not a
+    bool, a string where a list is due (``hidden_paths: /data`` would be read letter by letter), a
+    mapping that is not one of strings. Scalars are left to the config class's own checks."""
+    if value is None and type(None) in typing.get_args(hint):
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if origin in (list, tuple) and args[:1] == (str,):
+        strings = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        return None if strings else "a list of strings"
+    if origin is dict and args == (str, str):
+        items = value.items() if isinstance(value, dict) else [(None, None)]
+        strings = all(isinstance(k, str) and isinstance(v, str) for k, v in items)
+        return None if strings else "a mapping of strings to strings"
+    return None
 
 
 KINDS = ("auto", "docker", "local")
@@ -356,8 +385,12 @@ def resolve_kind(kind: str, prefer: str = "docker") -> str:
     ``prefer="local"``; each backend class says whether it can run here (``usable()``). With neither,
     ``NoSandboxError`` names how to get one, and the explicit opt-in for running agent commands
     without isolation (the local backend's ``isolation: none``)."""
+    if prefer not in ("docker", "local"):
+        raise ValueError(f"prefer must be 'docker' or 'local'; got {prefer!r}")
     if kind in ("docker", "local"):
         return kind
+    if not isinstance(kind, str):
+        raise ValueError(f"sandbox kind must be one of {', '.join(KINDS)}; got {kind!r}")
     if kind != "auto":
         close = difflib.get_close_matches(kind, KINDS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""

@@ -1082,10 +1082,16 @@ def doctor(docker_host: str | None = None, image: str = BASE_IMAGE) -> list[tupl
     checks.append(
         ("docker daemon", True, f"engine {version.get('Version')}, API {version.get('ApiVersion')}")
     )
-    present = bool(client.images.list(name=image))
-    checks.append(
-        (f"image {image}", present, "present" if present else "missing. Fix: agentrl sandbox build")
-    )
+    # The test the docker backend itself makes (``image_present``): a base image built by an older
+    # recipe is there but not used, and ``agentrl sandbox build`` replaces it.
+    present = image_present(client, image)
+    if present:
+        detail = "present"
+    elif client.images.list(name=image):
+        detail = "built by an older recipe, so the docker backend does not use it. Fix: agentrl sandbox build"
+    else:
+        detail = "missing. Fix: agentrl sandbox build"
+    checks.append((f"image {image}", present, detail))
     supports = storage_supports_size(client)
     driver = client.info().get("Driver")
     checks.append(

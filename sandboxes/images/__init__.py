@@ -145,8 +145,20 @@ def build_base_image(
     """
     import docker
 
-    client = docker.from_env()
-    if not force and image_present(client, tag):
+    try:
+        client = docker.from_env()
+        present = image_present(client, tag)
+    except docker.errors.DockerException as e:
+        raise ImageBuildError(
+            f"cannot reach the Docker daemon ({os.environ.get('DOCKER_HOST') or 'local socket'}): "
+            f"{str(e).split(';')[0]}. Start it (`dockerd > /tmp/dockerd.log 2>&1 &` as root, or "
+            "`systemctl start docker`); `agentrl sandbox doctor` checks this machine."
+        ) from e
+    if mirror is not None and "://" not in mirror:
+        raise ImageBuildError(
+            f"mirror {mirror!r} is not a URL; pass a Debian archive such as http://HOST/debian"
+        )
+    if not force and present:
         log(f"{tag}: already present, nothing to do (force=True rebuilds it)")
         return "present"
     if os.geteuid() != 0:

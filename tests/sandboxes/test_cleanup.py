@@ -150,3 +150,16 @@ def test_doctor_reports_each_backend(capsys):
     assert main(["sandbox", "doctor"]) == 0
     out = capsys.readouterr().out
     assert "docker daemon" in out and "local backend: usable" in out
+
+
+def test_doctor_fails_a_base_image_of_an_older_recipe(monkeypatch):
+    # `sandbox.kind: auto` (image_present) passes over such an image: the doctor must not call it fine.
+    require_docker()
+    from agentrl.sandboxes import images
+    from agentrl.sandboxes.docker import doctor
+
+    assert ("image agentrl/base:bookworm", True, "present") in doctor()
+    monkeypatch.setattr(images, "BASE_VERSION", images.BASE_VERSION + "-newer")
+    name, ok, detail = doctor()[1]
+    assert name == "image agentrl/base:bookworm" and not ok
+    assert detail.startswith("built by an older recipe") and detail.endswith("Fix: agentrl sandbox build")

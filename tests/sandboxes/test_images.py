@@ -3,6 +3,7 @@
 import pytest
 
 from agentrl.sandboxes import images
+from tests.conftest import require_docker
 
 
 def test_debian_mirror_from_apt_sources(tmp_path, monkeypatch):
@@ -28,3 +29,18 @@ def test_debian_mirror_override(tmp_path, monkeypatch):
     monkeypatch.setenv(images.MIRROR_ENV, "override.example")
     with pytest.raises(images.ImageBuildError, match="AGENTRL_DEBIAN_MIRROR='override.example' is not a URL"):
         images.debian_mirror()
+
+
+def test_build_without_a_daemon_or_with_a_bad_mirror_is_one_clear_error(monkeypatch):
+    from agentrl.cli import main
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(images.ImageBuildError, match=r"cannot reach the Docker daemon \(unix:///nonexistent"):
+        images.build_base_image(log=lambda _: None)
+    assert main(["sandbox", "build"]) == 1
+
+
+def test_build_rejects_a_mirror_that_is_not_a_url():
+    require_docker()
+    with pytest.raises(images.ImageBuildError, match="mirror 'deb.example/debian' is not a URL"):
+        images.build_base_image(mirror="deb.example/debian", log=lambda _: None)

@@ -603,3 +603,32 @@ def test_task_image_layer_built_offline(tmp_path):
         import docker
 
         docker.from_env().images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize(
+    ("backend", "setting", "value", "expected"),
+    [
+        ("local", "hidden_paths", "/data", "a list of strings"),  # would be hidden letter by letter
+        ("docker", "hosts", "tcp://a:2375", "a list of strings"),
+        ("docker", "env", "A=1", "a mapping of strings to strings"),
+        ("local", "env", {"A": 1}, "a mapping of strings to strings"),
+        ("local", "cgroup", "no", "true or false"),  # a non-empty string is truthy
+        ("docker", "network", "false", "true or false"),
+    ],
+)
+def test_make_sandbox_names_a_misshapen_setting(backend, setting, value, expected):
+    with pytest.raises(ValueError, match=f"backend '{backend}': setting '{setting}' must be {expected}; got"):
+        make_sandbox(backend, **{setting: value})
+
+
+def test_sandbox_kind_and_backend_that_are_not_strings_are_one_clear_error():
+    from agentrl.sandbox import resolve_kind
+
+    with pytest.raises(ValueError, match="sandbox kind must be one of auto, docker, local; got None"):
+        resolve_kind(None)
+    with pytest.raises(ValueError, match="prefer must be 'docker' or 'local'; got 'locl'"):
+        resolve_kind("auto", prefer="locl")
+    with pytest.raises(
+        ValueError, match="sandbox backend is named by a string, one of docker, local; got None"
+    ):
+        make_sandbox(None)

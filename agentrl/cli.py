@@ -237,7 +237,7 @@ def _sandbox_doctor(args: argparse.Namespace) -> int:
     docker_ok = all(good for name, good, _ in checks if name.startswith(("docker", "image")))
     local = "usable" if ok else "only unisolated, when asked for (isolation: none)"
     print(f"docker backend: {'usable' if docker_ok else 'not usable here'}; local backend: {local}")
-    return 0
+    return 0 if docker_ok or ok else 1  # 1: no backend isolates agent commands here
 
 
 def _envs_list(args: argparse.Namespace) -> int:
@@ -679,7 +679,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.set_defaults(func=_sandbox_gc)
     doc = sandbox_commands.add_parser(
-        "doctor", help="which sandbox backends work here, and how to fix those that do not"
+        "doctor",
+        help="which sandbox backends work here, and how to fix those that do not (exit status 1 when none does)",
     )
     doc.add_argument(
         "--host",

@@ -152,6 +152,18 @@ def test_doctor_reports_each_backend(capsys):
     assert "docker daemon" in out and "local backend: usable" in out
 
 
+def test_doctor_exits_1_where_no_backend_isolates_commands(monkeypatch, capsys):
+    import agentrl.sandboxes.docker
+    import agentrl.sandboxes.local
+
+    monkeypatch.setattr(
+        agentrl.sandboxes.docker, "doctor", lambda docker_host=None: [("docker daemon", False, "x")]
+    )
+    monkeypatch.setattr(agentrl.sandboxes.local, "bwrap_works", lambda: (False, "no user namespaces"))
+    assert main(["sandbox", "doctor"]) == 1
+    assert "docker backend: not usable here; local backend: only unisolated" in capsys.readouterr().out
+
+
 def test_doctor_fails_a_base_image_of_an_older_recipe(monkeypatch):
     # `sandbox.kind: auto` (image_present) passes over such an image: the doctor must not call it fine.
     require_docker()

@@ -121,18 +121,28 @@ def _next_shard(shard: Path) -> Path:
     return shard.with_name(f"{writer}-{int(rest.split('.')[0]) + 1:05d}.jsonl.gz")
 
 
-def _set_aside(shard: Path, data: bytes, start: int) -> Path:
-    """Copy ``data[start:]`` to a new ``<shard>.corrupt[.N]``, durably, then cut it off the shard."""
+def _write_synced(f, parts) -> None:
+    for part in parts:
+        f.write(part)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _aside(shard: Path, suffix: str, parts) -> Path:
+    """Write ``parts`` durably to a new ``<shard>.<suffix>[.N]``; its path."""
     for i in itertools.count():
-        target = shard.with_name(f"{shard.name}.corrupt" + (f".{i}" if i else ""))
+        target = shard.with_name(f"{shard.name}.{suffix}" + (f".{i}" if i else ""))
         try:
             with open(target, "xb") as f:  # exclusive: an earlier set-aside is never overwritten
-                f.write(memoryview(data)[start:])
-                f.flush()
-                os.fsync(f.fileno())
+                _write_synced(f, parts)
         except FileExistsError:
             continue
-        break
+        return target
+
+
+def _set_aside(shard: Path, data: bytes, start: int) -> Path:
+    """Copy ``data[start:]`` to a new ``<shard>.corrupt[.N]``, durably, then cut it off the shard."""
+    target = _aside(shard, "corrupt", [memoryview(data)[start:]])
     os.truncate(shard, start)
     return target
 
@@ -261,17 +271,7 @@ class TrajectoryStore:
             if not drop:
                 continue
             view = memoryview(data)
-            for i in itertools.count():
-                target = shard.with_name(f"{shard.name}.{suffix}" + (f".{i}" if i else ""))
-                try:
-                    with open(target, "xb") as f:
-                        for a, b in drop:
-                            f.write(view[a:b])
-                        f.flush()
-                        os.fsync(f.fileno())
-                except FileExistsError:
-                    continue
-                break
+            target = _aside(shard, suffix, [view[a:b] for a, b in drop])
             keep, at = [], 0
             for a, b in drop:
                 keep.append(view[at:a])
@@ -279,10 +279,7 @@ class TrajectoryStore:
             keep.append(view[at:])
             tmp = shard.with_name(shard.name + ".tmp")
             with open(tmp, "wb") as f:
-                for part in keep:
-                    f.write(part)
-                f.flush()
-                os.fsync(f.fileno())
+                _write_synced(f, keep)
             os.replace(tmp, shard)
             moved += len(drop)
             if shard == self._shard:  # the append handle still points at the file replaced

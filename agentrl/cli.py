@@ -377,25 +377,18 @@ def _bind_error(host: str, port: int) -> str | None:
     import errno
     import socket
 
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except socket.gaierror as e:
+    from agentrl.rollout.sglang_launch import bind_error
+
+    e = bind_error(host, port)
+    if e is None:
+        return None
+    if isinstance(e, socket.gaierror):
         return f"--host {host}: not an address of this machine ({e.strerror}); give e.g. 127.0.0.1 or 0.0.0.0"
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own socket
-        try:
-            probe.bind(address)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return f"--port {port}: {host}:{port} is in use by another server; stop it or give another --port"
-            if e.errno == errno.EACCES:
-                return f"--port {port}: listening on it needs privileges here; give a port above 1023"
-            return (
-                f"--host {host} --port {port}: cannot listen there ({e.strerror}); give e.g. --host 127.0.0.1"
-            )
-    return None
+    if e.errno == errno.EADDRINUSE:
+        return f"--port {port}: {host}:{port} is in use by another server; stop it or give another --port"
+    if e.errno == errno.EACCES:
+        return f"--port {port}: listening on it needs privileges here; give a port above 1023"
+    return f"--host {host} --port {port}: cannot listen there ({e.strerror}); give e.g. --host 127.0.0.1"
 
 
 def _serve_local(args: argparse.Namespace) -> int:

@@ -167,20 +167,36 @@ class Launcher:
             _signal_group(proc.popen, signal.SIGKILL)  # children the leader left behind
 
 
+def bind_error(host: str, port: int) -> OSError | None:
+    """What a server binding ``host:port`` would meet now (a ``socket.gaierror`` for a host that does
+    not resolve), or None where it can listen (the probe lets the port go again)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        return e
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as servers bind: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as e:
+            return e
+    return None
+
+
 def _check_port_free(proc: Process) -> None:
     """``RuntimeError`` naming ``proc``'s port when something listens there already."""
     url = urlsplit(proc.url)
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is no obstacle
-        try:
-            s.bind((url.hostname, url.port))
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                return  # not ours to judge (a privileged port, an address of another host): the server tells
-            raise RuntimeError(
-                f"{proc.name}: port {url.port} on {url.hostname} is already in use (another server still "
-                f"running?); stop what listens there, or choose another port (--port, engine.launch.port)"
-            ) from None
+    error = bind_error(url.hostname, url.port)
+    # anything else (a privileged port, an address of another host) is not ours to judge: the server tells
+    if error is not None and error.errno == errno.EADDRINUSE:
+        raise RuntimeError(
+            f"{proc.name}: port {url.port} on {url.hostname} is already in use (another server still "
+            f"running?); stop what listens there, or choose another port (--port, engine.launch.port)"
+        )
 
 
 def _tail(log: Path, lines: int = 20) -> str:

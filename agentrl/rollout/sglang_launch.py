@@ -177,9 +177,8 @@ def bind_error(host: str, port: int) -> OSError | None:
     except socket.gaierror as e:
         return e
     with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(
-            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
-        )  # as servers bind: TIME_WAIT is no obstacle
+        # as servers bind: TIME_WAIT is no obstacle
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as e:

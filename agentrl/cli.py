@@ -159,17 +159,21 @@ def _quickstart(args: argparse.Namespace) -> int:
     overrides = [f"sandbox.kind={sandbox}", f"run.seed={args.seed}", "run.overwrite=true", *args.overrides]
     if args.iterations is not None:
         overrides.append(f"run.iterations={args.iterations}")
+    try:
+        cfg = load_config(TrainConfig, str(recipe), overrides)
+    except ConfigError as e:
+        return _error(e)
     print(
         "agentrl quickstart: a tiny policy is trained to fix one-function bugs in bugfix-v0 on this CPU\n"
         f"  sandbox: {sandbox} ({why}); recipe: recipes/quickstart.yaml\n"
         "  1. warm start: supervised on the environment's demonstrations (played through the real loop)\n"
         "  2. held-out success of the greedy policy\n"
         "  3. PPO + critic (GAE over the policy's tokens) + IcePop, no KL, on sampled episodes\n"
-        "  4. held-out success again; metrics.jsonl and curve.png in runs/quickstart/",
+        f"  4. held-out success again; metrics.jsonl and curve.png in {cfg.run_dir}/",
         flush=True,
     )
     try:
-        summary = _run(train(load_config(TrainConfig, str(recipe), overrides)))
+        summary = _run(train(cfg))
     except ConfigError as e:
         return _error(e)
     gain = summary["eval_after"] - summary["eval_before"]

@@ -11,6 +11,7 @@ def test_quickstart_command_runs_the_trainer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "done: held-out success" in out
+    assert f"curve.png in {tmp_path / 'quickstart'}/" in out  # the run's own directory, announced
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["iterations"] == 1
     assert (tmp_path / "quickstart" / "curve.png").stat().st_size > 0

@@ -250,30 +250,14 @@ class BugfixEnv(CodingEpisodeEnv):
         return Demonstration([DemoTurn(calls) for calls in turns], reward=0.0 if slipped else 1.0)
 
     def corpus(self) -> list[str]:
-        """Text for a tokenizer trained for this environment: the tool specs, the files, prompts and
-        fixes of 40 generated tasks, and the test runner's summary lines."""
-        texts = [json.dumps(t) for t in CODING_TOOLS]
+        """Text for a tokenizer trained for this environment: the tool specs its prompts show, and
+        the files, prompt and expert's calls (its right fix, then submit) of 40 of its own training
+        tasks, and the test runner's summary lines."""
+        texts = [json.dumps(t) for t in self.tools]
         for i in range(40):
-            task = generate("train", i)
-            fix = task.fix
-            texts += list(task.files.values()) + [describe(task, True)]
-            texts.append(
-                render_hermes(
-                    [
-                        ToolCall("bash", {"command": "python3 -m pytest -q"}),
-                        ToolCall("str_replace_editor", {"command": "view", "path": fix["path"]}),
-                        ToolCall(
-                            "str_replace_editor",
-                            {
-                                "command": "str_replace",
-                                "path": fix["path"],
-                                "old_str": fix["old"],
-                                "new_str": fix["new"],
-                            },
-                        ),
-                    ]
-                )
-            )
+            task = self._generate("train", i)
+            texts += list(task.files.values()) + [describe(task, self.name_failing_test)]
+            texts.append(render_hermes([c for turn in expert_turns(task) for c in turn]))
         texts += ["passed in 0.03s\n[exit code 0]\n", "failed, 14 passed\n\n[exit code 1]\n", "\n\n\n\n"] * 3
         return texts
 

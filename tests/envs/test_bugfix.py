@@ -1,6 +1,8 @@
 """bugfix-v0 on both sandbox backends: the expert earns 1, doing nothing or editing the tests earns 0."""
 
 import asyncio
+import itertools
+import json
 import random
 import re
 from collections import Counter
@@ -10,7 +12,7 @@ import pytest
 
 from agentrl.env import Task, make
 from agentrl.envs.bugfix import expert_turns
-from agentrl.envs.bugfix.generator import BUG_KINDS, TEMPLATE_NAMES, TEMPLATES, _run_tests, generate
+from agentrl.envs.bugfix.generator import BUG_KINDS, TEMPLATE_NAMES, TEMPLATES, _run_tests, describe, generate
 from agentrl.tools import CODING_TOOLS, ToolCall, parse_hermes, render_hermes
 from tests.conftest import require_docker
 
@@ -531,6 +533,29 @@ def test_noisy_expert_slips_on_its_fix_by_one_token_and_the_slip_fails():
     assert 0 < sum(d.reward == 0.0 for d in demos) < len(demos)
     with pytest.raises(ValueError, match="miss is the share of tasks"):
         expert_turns(specs[0], miss=-0.1)
+
+
+def test_the_tokenizer_corpus_holds_what_the_expert_writes_and_the_prompt_shows():
+    """A tokenizer trained on the env's corpus learns the calls its demonstrations teach: a call it
+    never saw (submit, before) comes out as single characters, and a tiny model miscounts a run of
+    one-brace tokens (`{`, `}`, `}` wrote `}}}` in most of one warm start's submit calls)."""
+    from agentrl.models import tiny_tokenizer
+
+    args = {"n_modules": 1, "n_distractors": 0, "packages": ["calc"], "modules": ["mathops"]}
+    env = make("bugfix-v0", compact_tools=True, expert_run_tests=False, **args)
+    corpus = env.corpus()
+    assert json.dumps(env.tools[0]) in corpus  # the compact specs the prompt shows, not the full ones
+    tok = tiny_tokenizer(corpus=corpus)
+    tasks = env.tasks("train")[:10]
+    assert describe(env.task_spec(tasks[0]), env.name_failing_test) in corpus  # its own layout's tasks
+    for task in tasks:
+        for turn in env.demonstration(task).turns:
+            text = render_hermes(turn.calls)
+            pieces = [tok.decode([i]) for i in tok.encode(text, add_special_tokens=False)]
+            runs = [a for a, b in itertools.pairwise(pieces) if a == b and a in "{}"]
+            assert not runs, (text, pieces)
+    submit = tok.encode(render_hermes([ToolCall("submit", {})]), add_special_tokens=False)
+    assert "submit" in [tok.decode([i]) for i in submit]
 
 
 def test_slipped_fix_applies_and_earns_nothing_in_the_sandbox():

@@ -125,6 +125,8 @@ class AgentEnv(Protocol):
       start (``sft.episodes``) and for ``agentrl envs check``.
     - ``corpus() -> list[str]``: the text a tokenizer trained for this environment should learn
       from (the tiny model's); without it: general coding text plus the env's tasks and demonstrations.
+      It should hold every call the demonstrations make, as rendered: one it never saw is spelled
+      in short pieces, which a tiny model miscounts.
 
     Construction: ``make(id, **args)`` calls the registered factory with the config's ``env.args``;
     a factory that takes a ``sandbox`` keyword also gets the run's sandbox choice (``sandbox.kind``:

@@ -130,6 +130,17 @@ def _run(coro):
     return _stop.run(coro)
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def _error(message: object) -> int:
     """One line on stderr, ``error: ...``; exit status 2."""
     print("error: " + " ".join(str(message).split()), file=sys.stderr)
@@ -280,7 +291,7 @@ def _envs_check(args: argparse.Namespace) -> int:
     try:
         task = first_task(env)
         passed = _run(check_env_async(env, task))
-        passed += _run(_episode_checks(args.id, env_args, env, task))
+        passed += _run(_episode_checks(args.id, env_args, env, task, args.demos))
     except EnvCheckError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 1
@@ -292,15 +303,19 @@ def _envs_check(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _episode_checks(env_id: str, env_args: dict, probe, task) -> list[str]:
-    from agentrl.env import make
+async def _episode_checks(env_id: str, env_args: dict, probe, task, demos: int = 1) -> list[str]:
+    from agentrl.env import checked_demonstration, make
     from agentrl.models import env_corpus, tiny_tokenizer
     from agentrl.rollout.agent_loop import LoopConfig
     from agentrl.rollout.scripted import check_demonstration
 
+    # the first task was checked by the contract; the next ones (--demos) as the warm start takes them
+    tasks = [task, *probe.tasks("train")[1:demos]] if demos > 1 else [task]
+    for later in tasks[1:]:  # named here, before the tokenizer's corpus asks for them too
+        checked_demonstration(probe, later)
     tokenizer = tiny_tokenizer(corpus=env_corpus(probe))
     loop = LoopConfig(max_turns=getattr(probe, "max_turns", 8), max_new_tokens=1024, max_context=16384)
-    return await check_demonstration(lambda: make(env_id, **env_args), task, tokenizer, loop)
+    return await check_demonstration(lambda: make(env_id, **env_args), tasks, tokenizer, loop)
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -698,6 +713,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="env_args",
         metavar="YAML",
         help="the environment's arguments (env.args in a recipe), a YAML mapping: --args '{data_path: x}'",
+    )
+    check.add_argument(
+        "--demos",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="play the demonstrations of the first N training tasks (default 1), where the env has them",
     )
     check.set_defaults(func=_envs_check)
 

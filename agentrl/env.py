@@ -372,7 +372,7 @@ async def check_env_async(env: AgentEnv, task: Task) -> list[str]:
                     "seed every random choice from the task"
                 )
             passed.append("same task gives the same observation")
-        _check_demonstration(env, task)
+        checked_demonstration(env, task)
     except EnvCheckError as e:
         failed = await _close(env)
         if failed is None:
@@ -404,11 +404,12 @@ async def _close(env: AgentEnv) -> Exception | None:
     return None
 
 
-def _check_demonstration(env: AgentEnv, task: Task) -> None:
-    """``demonstration(task)``, where the env has one, returns a ``Demonstration`` or None."""
+def checked_demonstration(env: AgentEnv, task: Task) -> Demonstration | None:
+    """``env.demonstration(task)``: a ``Demonstration``, or None (also where the env has none);
+    ``EnvCheckError`` naming the task when it raises or returns something else."""
     demonstrate = getattr(env, "demonstration", None)
     if not callable(demonstrate):
-        return
+        return None
     try:
         demo = demonstrate(task)
     except Exception as e:
@@ -421,6 +422,7 @@ def _check_demonstration(env: AgentEnv, task: Task) -> None:
             f"demonstration(task) must return a Demonstration(turns, reward) or None; got "
             f"{type(demo).__name__}: {str(demo)[:120]} (task {task.id})"
         )
+    return demo
 
 
 def check_env(env: AgentEnv, task: Task) -> list[str]:

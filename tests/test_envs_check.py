@@ -89,6 +89,27 @@ class WrongDemoEnv(NoSandboxEnv):
         return Demonstration([DemoTurn([ToolCall("answer", {"text": task.data["word"]}, id="call_0")])])
 
 
+class RightDemoEnv(NoSandboxEnv):
+    def demonstration(self, task):
+        return Demonstration([DemoTurn([ToolCall("answer", {"text": task.data["word"][::-1]}, id="call_0")])])
+
+
+class SecondDemoWrongEnv(RightDemoEnv):
+    """Its demonstration is right on the first task and answers the second one unreversed."""
+
+    def demonstration(self, task):
+        if task.id.endswith("-0"):
+            return super().demonstration(task)
+        return Demonstration([DemoTurn([ToolCall("answer", {"text": task.data["word"]}, id="call_0")])])
+
+
+class SecondDemoRaisesEnv(RightDemoEnv):
+    def demonstration(self, task):
+        if task.id.endswith("-0"):
+            return super().demonstration(task)
+        raise KeyError("solution")
+
+
 class PassesIdleEnv(NoSandboxEnv):
     """Grades whatever the agent does as solved."""
 
@@ -98,6 +119,9 @@ class PassesIdleEnv(NoSandboxEnv):
 
 ENVS = {
     "wrongdemo-v0": "WrongDemoEnv",
+    "rightdemo-v0": "RightDemoEnv",
+    "seconddemowrong-v0": "SecondDemoWrongEnv",
+    "seconddemoraises-v0": "SecondDemoRaisesEnv",
     "passesidle-v0": "PassesIdleEnv",
     "ownstatus-v0": "OwnStatusEnv",
     "nosandbox-v0": "NoSandboxEnv",
@@ -221,3 +245,19 @@ def test_contract_failures_are_failed_lines(env_id, message, capsys):
     assert main(["envs", "check", env_id]) == 1
     err = capsys.readouterr().err
     assert err.startswith(message) and len(err.splitlines()) == 1
+
+
+def test_demos_plays_the_demonstrations_of_the_first_n_training_tasks(capsys):
+    assert main(["envs", "check", "seconddemowrong-v0"]) == 0  # the first task's only, by default
+    assert "ok  the demonstration earns its reward (1) through the agent loop" in capsys.readouterr().out
+    assert main(["envs", "check", "seconddemowrong-v0", "--demos", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("FAILED: the demonstration of task train-1 ended completed with reward 0.0")
+    assert main(["envs", "check", "rightdemo-v0", "--demos", "5"]) == 0  # the split holds two
+    assert "ok  the demonstrations of 2 tasks earn their rewards (1, 1)" in capsys.readouterr().out
+    assert main(["envs", "check", "seconddemoraises-v0", "--demos", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("FAILED: demonstration(task) raised KeyError: 'solution' (task train-1)")
+    with pytest.raises(SystemExit):
+        main(["envs", "check", "rightdemo-v0", "--demos", "0"])
+    assert "'0' is not a whole number of at least 1" in capsys.readouterr().err

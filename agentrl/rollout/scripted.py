@@ -88,18 +88,25 @@ async def play_demonstration(
     return trajectory
 
 
-async def check_demonstration(make_env, task: Task, tokenizer, loop: LoopConfig) -> list[str]:
+async def check_demonstration(make_env, tasks: list[Task], tokenizer, loop: LoopConfig) -> list[str]:
     """``agentrl envs check``'s episode checks, through the real loop: the environment's demonstration
-    of ``task`` (when it has ``demonstration``) earns the reward it means to, and an episode whose
-    assistant does nothing earns no success (a grader that passes untouched work teaches nothing).
-    Returns what passed; ``EnvCheckError`` names what did not."""
-    from agentrl.env import EnvCheckError
+    of each of ``tasks`` (when it has ``demonstration``) earns the reward it means to, and an episode
+    of the first task whose assistant does nothing earns no success (a grader that passes untouched
+    work teaches nothing). Returns what passed; ``EnvCheckError`` names what did not."""
+    from agentrl.env import EnvCheckError, checked_demonstration
     from agentrl.trajectory import NOT_TRAINABLE, succeeded
 
-    passed = []
-    env = make_env()
-    demo = env.demonstration(task) if callable(getattr(env, "demonstration", None)) else None
-    if demo is not None:
+    passed, played_rewards = [], []
+    for task in tasks:
+        env = make_env()
+        try:
+            demo = checked_demonstration(env, task)
+        except EnvCheckError:
+            await env.close()
+            raise
+        if demo is None:
+            await env.close()
+            continue
         played = await play_demonstration(env, tokenizer, task, demo, loop)
         if played.status != "completed" or played.reward != demo.reward:
             why = played.extra.get("error", "no error recorded")
@@ -109,9 +116,15 @@ async def check_demonstration(make_env, task: Task, tokenizer, loop: LoopConfig)
                 f"the demonstration of task {task.id} ended {played.status} with reward {played.reward}, "
                 f"but means to earn {demo.reward} ({why}); fix demonstration() or the grading"
             )
-        passed.append(f"the demonstration earns its reward ({demo.reward:g}) through the agent loop")
-    else:
-        await env.close()
+        played_rewards.append(demo.reward)
+    if len(played_rewards) == 1:
+        passed.append(f"the demonstration earns its reward ({played_rewards[0]:g}) through the agent loop")
+    elif played_rewards:
+        rewards = ", ".join(f"{r:g}" for r in played_rewards)
+        passed.append(
+            f"the demonstrations of {len(played_rewards)} tasks earn their rewards ({rewards}) through the agent loop"
+        )
+    task = tasks[0]
     idle = await run_episode(make_env(), ScriptedEngine(tokenizer, script=[""]), tokenizer, task, loop)
     if idle.status in NOT_TRAINABLE:
         raise EnvCheckError(

@@ -119,6 +119,14 @@ class AsyncStartClose:
         await self.close()
 
 
+async def within(awaitable, timeout: float):
+    """``await awaitable``, or ``TimeoutError`` after ``timeout`` seconds. Unlike Python 3.11's
+    ``asyncio.wait_for``, it never loses a cancellation: 3.11's returns the result when the cancel
+    lands as the awaitable finishes, and the cancelled episode runs on."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
 def join_cut(head: bytes, tail: bytes, total: int) -> str:
     """Head and tail of an output of ``total`` bytes, with a marker saying how much was cut between them."""
     cut = total - len(head) - len(tail)

@@ -79,6 +79,7 @@ from agentrl.sandbox import (
     join_cut,
     read_diff,
     to_bytes,
+    within,
 )
 from agentrl.sandboxes import _cleanup
 from agentrl.sandboxes.images import AGENT_UID, BASE_IMAGE, image_present
@@ -706,7 +707,7 @@ class DockerSandbox(AsyncStartClose):
             return await self._failed_to_start(e, start)
         future = asyncio.ensure_future(self._call(api.exec_start, exec_id["Id"]))
         try:
-            raw = await asyncio.wait_for(asyncio.shield(future), timeout + self.config.grace)
+            raw = await within(asyncio.shield(future), timeout + self.config.grace)
         except TimeoutError:
             # The runner did not come back: the sandbox is wedged (frozen, daemon hung).
             await self._call(self._kill_wedged)
@@ -1017,7 +1018,7 @@ class DockerSandbox(AsyncStartClose):
             + "exit $rc"
         )
         try:  # bounded: a reset that hangs (a FIFO the agent left) means the sandbox is replaced
-            code, output = await asyncio.wait_for(
+            code, output = await within(
                 self._call(self._control, script, self.workdir, self.base_commit, user=self.config.user), 120
             )
         except Exception:

@@ -72,6 +72,7 @@ from agentrl.sandbox import (
     join_cut,
     read_diff,
     to_bytes,
+    within,
 )
 from agentrl.sandboxes import _cleanup
 from agentrl.sandboxes.docker import parse_size
@@ -630,7 +631,7 @@ class LocalSandbox(AsyncStartClose):
                 return True, bool(self._cgroup and self._cgroup.pids_refused() > pids_before)
             step = min(left, 0.1) if self._cgroup else left
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), step)
+                await within(proc.wait(), step)
             refused = bool(self._cgroup and self._cgroup.pids_refused() > pids_before)
             if refused or proc.returncode is not None:
                 return False, refused
@@ -642,7 +643,7 @@ class LocalSandbox(AsyncStartClose):
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 2.0)
+                await within(proc.wait(), 2.0)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
@@ -738,7 +739,7 @@ class LocalSandbox(AsyncStartClose):
         for attempt in range(MOUNT_RACE_TRIES):
             proc = await self._spawn(argv, self.workdir, None, FILE_OP_TIMEOUT, subprocess.PIPE, stdin)
             try:
-                stdout, stderr = await asyncio.wait_for(proc.communicate(data), FILE_OP_TIMEOUT)
+                stdout, stderr = await within(proc.communicate(data), FILE_OP_TIMEOUT)
             except (
                 TimeoutError
             ):  # wedged (a file the agent made blocks it): an error the agent reads, as on Docker

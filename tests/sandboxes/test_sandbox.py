@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.sandbox import ExecResult, SandboxError, SandboxPool, make_sandbox
+from agentrl.sandbox import ExecResult, SandboxError, SandboxPool, make_sandbox, within
 from tests.conftest import require_docker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -383,6 +383,31 @@ def test_cancelled_start_leaves_nothing_behind(backend):
                 await task
             await asyncio.sleep(2.0)  # a create still running in a worker thread would finish by now
             assert_nothing_left(backend, sb, delay)
+
+    run(go())
+
+
+def test_a_cancel_that_lands_as_the_awaited_command_ends_is_not_lost():
+    """The sandboxes bound their waits with ``within``: Python 3.11's ``asyncio.wait_for`` returns
+    the result when a cancel lands in the same loop step as the awaited thing ends, and the
+    cancelled episode ran on (a start cancelled as its workspace setup ended slept its 60 s)."""
+
+    async def race(wait):
+        done = asyncio.get_running_loop().create_future()
+        waiter = asyncio.ensure_future(wait(done, 10))
+        await asyncio.sleep(0)  # the waiter awaits `done`
+        done.set_result("finished")
+        waiter.cancel()  # in the same step
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    async def go():
+        assert await race(within) == "cancelled"
+        with pytest.raises(TimeoutError):
+            await within(asyncio.sleep(5), 0.05)
+        assert await within(asyncio.sleep(0, "value"), 1) == "value"
 
     run(go())
 

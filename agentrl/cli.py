@@ -309,13 +309,13 @@ async def _episode_checks(env_id: str, env_args: dict, probe, task, demos: int =
     from agentrl.rollout.agent_loop import LoopConfig
     from agentrl.rollout.scripted import check_demonstration
 
-    # the first task was checked by the contract; the next ones (--demos) as the warm start takes them
-    tasks = [task, *probe.tasks("train")[1:demos]] if demos > 1 else [task]
-    for later in tasks[1:]:  # named here, before the tokenizer's corpus asks for them too
-        checked_demonstration(probe, later)
+    # the first N training tasks' demonstrations (--demos), checked before the tokenizer's corpus
+    # asks for them too, so that one that raises is named with its task
+    tasks = [task, *probe.tasks("train")[1:demos]]
+    checked = [(t, checked_demonstration(probe, t)) for t in tasks]
     tokenizer = tiny_tokenizer(corpus=env_corpus(probe))
     loop = LoopConfig(max_turns=getattr(probe, "max_turns", 8), max_new_tokens=1024, max_context=16384)
-    return await check_demonstration(lambda: make(env_id, **env_args), tasks, tokenizer, loop)
+    return await check_demonstration(lambda: make(env_id, **env_args), checked, tokenizer, loop)
 
 
 def _rollout(args: argparse.Namespace) -> int:

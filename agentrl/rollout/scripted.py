@@ -88,25 +88,21 @@ async def play_demonstration(
     return trajectory
 
 
-async def check_demonstration(make_env, tasks: list[Task], tokenizer, loop: LoopConfig) -> list[str]:
-    """``agentrl envs check``'s episode checks, through the real loop: the environment's demonstration
-    of each of ``tasks`` (when it has ``demonstration``) earns the reward it means to, and an episode
-    of the first task whose assistant does nothing earns no success (a grader that passes untouched
-    work teaches nothing). Returns what passed; ``EnvCheckError`` names what did not."""
-    from agentrl.env import EnvCheckError, checked_demonstration
+async def check_demonstration(
+    make_env, demos: list[tuple[Task, Demonstration | None]], tokenizer, loop: LoopConfig
+) -> list[str]:
+    """``agentrl envs check``'s episode checks, through the real loop: each ``(task, demonstration)``
+    of ``demos`` (None: the env has none for it) earns the reward it means to, and an episode of the
+    first task whose assistant does nothing earns no success (a grader that passes untouched work
+    teaches nothing). Returns what passed; ``EnvCheckError`` names what did not."""
+    from agentrl.env import EnvCheckError
     from agentrl.trajectory import NOT_TRAINABLE, succeeded
 
     passed, played_rewards = [], []
-    for task in tasks:
-        env = make_env()
-        try:
-            demo = checked_demonstration(env, task)
-        except EnvCheckError:
-            await env.close()
-            raise
+    for task, demo in demos:
         if demo is None:
-            await env.close()
             continue
+        env = make_env()
         played = await play_demonstration(env, tokenizer, task, demo, loop)
         if played.status != "completed" or played.reward != demo.reward:
             why = played.extra.get("error", "no error recorded")
@@ -124,7 +120,7 @@ async def check_demonstration(make_env, tasks: list[Task], tokenizer, loop: Loop
         passed.append(
             f"the demonstrations of {len(played_rewards)} tasks earn their rewards ({rewards}) through the agent loop"
         )
-    task = tasks[0]
+    task = demos[0][0]
     idle = await run_episode(make_env(), ScriptedEngine(tokenizer, script=[""]), tokenizer, task, loop)
     if idle.status in NOT_TRAINABLE:
         raise EnvCheckError(
